@@ -1,0 +1,10 @@
+/* SPDX-License-Identifier: MIT */
+/* mosaickv — umbrella header: include this one. */
+#ifndef MOSAICKV_H
+#define MOSAICKV_H
+
+#include <mosaickv/common.h>
+#include <mosaickv/compress.h>
+#include <mosaickv/attention.h>
+
+#endif

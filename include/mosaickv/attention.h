@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * mosaickv — decode attention for one KV head and its group of query heads,
+ * on the CPU.  These are the reference implementations that the GPU kernels
+ * are tested against, and usable as they are on machines without a GPU.
+ *
+ * A KV head's context is a history of encoded segments (oldest first) plus a
+ * dense recent window of tokens not yet encoded.  Three modes:
+ *   dense   exact attention over every token;
+ *   quest   Quest: score each block of b dense keys by its channel-wise
+ *           min/max bound, keep the top blocks, exact attention on them;
+ *   packed  MosaicKV PackedAttention: the same block selection on the
+ *           segments' rotated, channel-compressed summaries, attention on the
+ *           packed K/V of the selected blocks.
+ * Selection: the first block of the history (the attention sink) and the
+ * whole window are always attended.  Besides them, blocks are taken in
+ * descending score until the selected history tokens reach
+ * ceil(token_frac × history tokens).  With GQA a block's score is the
+ * largest of its query heads' scores: one selection per KV head, so each
+ * block is read once for the whole group.
+ * All arithmetic is float with fp32 accumulation; softmax is online across
+ * blocks and segments, and values are accumulated in each segment's rotated
+ * V space and rotated back once per segment.
+ */
+#ifndef MOSAICKV_ATTENTION_H
+#define MOSAICKV_ATTENTION_H
+
+#include <mosaickv/common.h>
+#include <mosaickv/compress.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MKV_MAX_QHEADS 64 /* query heads per KV head */
+
+struct mkv_attn_opts {
+	size_t size;         /* sizeof(struct mkv_attn_opts) */
+	uint32_t n_q;        /* query heads sharing this KV head, 1..64.  Default 1 */
+	uint32_t d;          /* head dim: 64, 128 or 256.  Default 128 */
+	float scale;         /* softmax scale; 0 = 1/sqrt(d).  Default 0 */
+	double token_frac;   /* share of history tokens selected, in (0, 1];
+	                      * 1 selects every block.  Default 0.1 */
+	uint32_t quest_b;    /* Quest's block size: 8, 16, 32 or 64.  Default 16 */
+};
+
+MKV_API int mkv_attn_opts_init(struct mkv_attn_opts *o, size_t size);
+
+/* Dense K and V of n tokens, each n × d row-major in @dtype. */
+struct mkv_dense_kv {
+	const void *k;
+	const void *v;
+	enum mkv_dtype dtype;
+	size_t n;
+};
+
+/* What a call attended; every field is filled on success. */
+struct mkv_attn_stats {
+	size_t blocks_total;    /* history blocks */
+	size_t blocks_selected; /* history blocks attended (sink included) */
+	size_t tokens_attended; /* history tokens attended + window tokens */
+	size_t bytes_read;      /* K/V/summary/rotation bytes the step read */
+};
+
+/* A selected block: segment index in the history and block index in it. */
+struct mkv_block_ref {
+	uint32_t seg;
+	uint32_t block;
+};
+
+/*
+ * Exact attention of the @o->n_q queries @q (n_q × d floats) over all @kv->n
+ * tokens, into @out (n_q × d floats).  Returns 0, or -EINVAL (NULL, bad
+ * options, n == 0, bad dtype), -MKV_ENONFINITE (NaN/Inf in q).  @out is
+ * written only on success.
+ */
+MKV_API int mkv_attend_dense(const struct mkv_attn_opts *o, const float *q,
+			     const struct mkv_dense_kv *kv, float *out);
+
+/*
+ * Quest over the dense history @hist (blocks of o->quest_b tokens, bounds
+ * over all d channels) plus the window @win (may be NULL or empty).  @st may
+ * be NULL.  Errors as mkv_attend_dense; at least one token must exist.
+ */
+MKV_API int mkv_attend_quest(const struct mkv_attn_opts *o, const float *q,
+			     const struct mkv_dense_kv *hist,
+			     const struct mkv_dense_kv *win, float *out,
+			     struct mkv_attn_stats *st);
+
+/*
+ * PackedAttention over @nseg segment pairs (@k[i] a KEY segment and @v[i] a
+ * VALUE segment of the same n and d; @nseg may be 0) plus the window @win
+ * (may be NULL).  Segments are borrowed for the call.  @st may be NULL.
+ * Returns 0, -EINVAL (NULL, bad options, no tokens at all, a K segment
+ * that is not a key segment), -MKV_ESHAPE (a pair with different n, or d
+ * different from o->d), -MKV_ENONFINITE, -ENOMEM.
+ */
+MKV_API int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
+			      const struct mkv_segment *const *k,
+			      const struct mkv_segment *const *v, size_t nseg,
+			      const struct mkv_dense_kv *win, float *out,
+			      struct mkv_attn_stats *st);
+
+/*
+ * Block scores of one key segment for the n_q queries @q: @scores receives
+ * n_blocks floats, score[j] = max over heads h of
+ * Σ_{c<S} max(q'_hc · min_jc, q'_hc · max_jc) with q'_h = R q_h.
+ * Returns 0, -EINVAL, -MKV_ESHAPE, -MKV_ENONFINITE.
+ */
+MKV_API int mkv_score_blocks(const struct mkv_attn_opts *o, const float *q,
+			     const struct mkv_segment *k, float *scores);
+
+/*
+ * The selection mkv_attend_packed() makes over @k[0..nseg): writes up to
+ * @cap refs into @sel, ordered by (seg, block), and returns how many blocks
+ * are selected (which may exceed @cap; then only @cap are written).
+ * Returns -EINVAL, -MKV_ESHAPE, -MKV_ENONFINITE, -ENOMEM on failure.
+ */
+MKV_API int64_t mkv_select_blocks(const struct mkv_attn_opts *o,
+				  const float *q,
+				  const struct mkv_segment *const *k,
+				  size_t nseg, struct mkv_block_ref *sel,
+				  size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,567 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * CPU decode attention: dense, Quest and PackedAttention.  These are the
+ * references the GPU kernels are tested against, so they favour a plain,
+ * checkable structure over speed: one online-softmax state per query head,
+ * fed token by token, merged across segments flash-decoding style.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+int mkv_attn_opts_init(struct mkv_attn_opts *o, size_t size)
+{
+	if (!o || !mkv_opts_size_ok(size, sizeof(*o), sizeof(*o)))
+		return -EINVAL;
+	memset(o, 0, size);
+	o->size = size;
+	o->n_q = 1;
+	o->d = 128;
+	o->scale = 0.0f;
+	o->token_frac = 0.1;
+	o->quest_b = 16;
+	return 0;
+}
+
+static int attn_opts_check(const struct mkv_attn_opts *o, const float *q)
+{
+	if (!o || !q || o->size != sizeof(*o) || o->n_q == 0 ||
+	    o->n_q > MKV_MAX_QHEADS || !mkv_d_valid(o->d) ||
+	    !mkv_b_valid(o->quest_b) || !(o->token_frac > 0.0 && o->token_frac <= 1.0) ||
+	    !isfinite(o->scale) || o->scale < 0.0f)
+		return -EINVAL;
+	return mkv_all_finite(q, (size_t)o->n_q * o->d) ? 0 : -MKV_ENONFINITE;
+}
+
+static float attn_scale(const struct mkv_attn_opts *o)
+{
+	return o->scale > 0.0f ? o->scale : 1.0f / sqrtf((float)o->d);
+}
+
+/* A dense window/history must be well-formed when given. */
+static int dense_check(const struct mkv_dense_kv *kv)
+{
+	if (!kv || kv->n == 0)
+		return 0;
+	if (!kv->k || !kv->v || !mkv_dtype_valid(kv->dtype))
+		return -EINVAL;
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Online softmax state of one query head over vectors of length @w. */
+
+struct osm {
+	float m; /* running max of scores */
+	float l; /* running sum of exp(score - m) */
+	float *acc;
+};
+
+static void osm_init(struct osm *s, float *acc, uint32_t w)
+{
+	s->m = -INFINITY;
+	s->l = 0.0f;
+	s->acc = acc;
+	memset(acc, 0, sizeof(float) * w);
+}
+
+/* Feed one token with score @sc and value @v (w floats). */
+static void osm_push(struct osm *s, float sc, const float *v, uint32_t w)
+{
+	if (sc > s->m) {
+		float f = expf(s->m - sc); /* 0 when m was -inf */
+		s->l *= f;
+		for (uint32_t c = 0; c < w; c++)
+			s->acc[c] *= f;
+		s->m = sc;
+	}
+	float p = expf(sc - s->m);
+	s->l += p;
+	for (uint32_t c = 0; c < w; c++)
+		s->acc[c] += p * v[c];
+}
+
+/* Merge partial (m, l, o[d]) into the total (M, L, O[d]). */
+static void osm_merge(struct osm *tot, float m, float l, const float *o,
+		      uint32_t d)
+{
+	if (l == 0.0f)
+		return;
+	float nm = m > tot->m ? m : tot->m;
+	float a = expf(tot->m - nm), b = expf(m - nm);
+	for (uint32_t c = 0; c < d; c++)
+		tot->acc[c] = tot->acc[c] * a + o[c] * b;
+	tot->l = tot->l * a + l * b;
+	tot->m = nm;
+}
+
+static float dot(const float *a, const float *b, uint32_t n)
+{
+	float s = 0.0f;
+	for (uint32_t i = 0; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+/* Attend dense tokens [i0, i1) of @kv into one osm per head (original
+ * space).  Rows are converted on the fly; returns -MKV_ENONFINITE on a
+ * NaN/Inf row. */
+static int dense_feed(const struct mkv_attn_opts *o, const float *q,
+		      const struct mkv_dense_kv *kv, size_t i0, size_t i1,
+		      struct osm *st, float *kbuf, float *vbuf)
+{
+	uint32_t d = o->d;
+	size_t es = mkv_dtype_size(kv->dtype);
+	float scale = attn_scale(o);
+	for (size_t i = i0; i < i1; i++) {
+		if (!mkv_load_f32(kbuf, (const char *)kv->k + i * d * es, kv->dtype, d) ||
+		    !mkv_load_f32(vbuf, (const char *)kv->v + i * d * es, kv->dtype, d))
+			return -MKV_ENONFINITE;
+		for (uint32_t h = 0; h < o->n_q; h++)
+			osm_push(&st[h], scale * dot(q + (size_t)h * d, kbuf, d), vbuf, d);
+	}
+	return 0;
+}
+
+static void osm_finish(const struct mkv_attn_opts *o, const struct osm *st,
+		       float *out)
+{
+	for (uint32_t h = 0; h < o->n_q; h++)
+		for (uint32_t c = 0; c < o->d; c++)
+			out[(size_t)h * o->d + c] = st[h].l > 0 ? st[h].acc[c] / st[h].l : 0.0f;
+}
+
+/* Per-call scratch: n_q osm totals of width d plus row buffers. */
+struct scratch {
+	struct osm tot[MKV_MAX_QHEADS];
+	struct osm part[MKV_MAX_QHEADS];
+	float *mem;
+	float *kbuf, *vbuf, *tmp;
+};
+
+static int scratch_init(struct scratch *s, const struct mkv_attn_opts *o)
+{
+	uint32_t d = o->d, nq = o->n_q;
+	s->mem = malloc(sizeof(float) * ((size_t)2 * nq * d + 3 * d));
+	if (!s->mem)
+		return -ENOMEM;
+	for (uint32_t h = 0; h < nq; h++) {
+		osm_init(&s->tot[h], s->mem + (size_t)h * d, d);
+		osm_init(&s->part[h], s->mem + (size_t)(nq + h) * d, d);
+	}
+	s->kbuf = s->mem + (size_t)2 * nq * d;
+	s->vbuf = s->kbuf + d;
+	s->tmp = s->vbuf + d;
+	return 0;
+}
+
+int mkv_attend_dense(const struct mkv_attn_opts *o, const float *q,
+		     const struct mkv_dense_kv *kv, float *out)
+{
+	int rc = attn_opts_check(o, q);
+	if (rc)
+		return rc;
+	if (!kv || !out || kv->n == 0 || dense_check(kv))
+		return -EINVAL;
+	struct scratch s;
+	if ((rc = scratch_init(&s, o)))
+		return rc;
+	rc = dense_feed(o, q, kv, 0, kv->n, s.tot, s.kbuf, s.vbuf);
+	if (rc == 0)
+		osm_finish(o, s.tot, out);
+	free(s.mem);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Block selection, shared by Quest and PackedAttention. */
+
+struct cand {
+	float score;
+	uint32_t seg, block, ntok;
+	uint32_t idx; /* position in (seg, block) order */
+};
+
+/* Descending score; ties to the earlier block, so selection is a pure
+ * function of the scores. */
+static int cand_cmp(const void *a, const void *b)
+{
+	const struct cand *x = a, *y = b;
+	if (x->score != y->score)
+		return x->score < y->score ? 1 : -1;
+	return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+/*
+ * @c holds every history block in (seg, block) order, c[0] the sink.
+ * Sets mask[i] for the selected ones: the sink, then blocks by descending
+ * score until the selected tokens reach the budget.  @c is reordered.
+ * Returns the number selected.
+ */
+static size_t select_blocks(struct cand *c, size_t nc, size_t n_hist,
+			    double frac, uint8_t *mask)
+{
+	memset(mask, 0, nc);
+	if (nc == 0)
+		return 0;
+	size_t budget = frac >= 1.0 ? n_hist : (size_t)ceil(frac * (double)n_hist);
+	mask[0] = 1;
+	size_t taken = c[0].ntok, nsel = 1;
+	if (taken < budget)
+		qsort(c + 1, nc - 1, sizeof(*c), cand_cmp);
+	for (size_t i = 1; i < nc && taken < budget; i++) {
+		mask[c[i].idx] = 1;
+		taken += c[i].ntok;
+		nsel++;
+	}
+	return nsel;
+}
+
+/* Score of a block under its min/max bounds, max over the query heads. */
+static float bound_score(const float *qr, uint32_t nq, uint32_t ldq,
+			 const void *mn, const void *mx, enum mkv_dtype dt,
+			 size_t off, uint32_t S)
+{
+	float best = -INFINITY;
+	for (uint32_t h = 0; h < nq; h++) {
+		const float *qh = qr + (size_t)h * ldq;
+		float s = 0.0f;
+		for (uint32_t c = 0; c < S; c++) {
+			float a = qh[c] * mkv_elem(mn, dt, off + c);
+			float b = qh[c] * mkv_elem(mx, dt, off + c);
+			s += a > b ? a : b;
+		}
+		best = s > best ? s : best;
+	}
+	return best;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Quest */
+
+int mkv_attend_quest(const struct mkv_attn_opts *o, const float *q,
+		     const struct mkv_dense_kv *hist,
+		     const struct mkv_dense_kv *win, float *out,
+		     struct mkv_attn_stats *st)
+{
+	int rc = attn_opts_check(o, q);
+	if (rc)
+		return rc;
+	size_t nh = hist ? hist->n : 0, nw = win ? win->n : 0;
+	if (!out || dense_check(hist) || dense_check(win) || nh + nw == 0)
+		return -EINVAL;
+	uint32_t d = o->d, b = o->quest_b;
+	size_t nb = (nh + b - 1) / b;
+	struct scratch s;
+	if ((rc = scratch_init(&s, o)))
+		return rc;
+	struct cand *c = malloc(sizeof(*c) * (nb ? nb : 1));
+	uint8_t *mask = malloc(nb ? nb : 1);
+	float *mn = malloc(sizeof(float) * d), *mx = malloc(sizeof(float) * d);
+	rc = -ENOMEM;
+	if (!c || !mask || !mn || !mx)
+		goto out;
+	size_t es = nh ? mkv_dtype_size(hist->dtype) : 0;
+	/* Quest keeps per-block bounds of the dense keys over all d channels;
+	 * a server computes them once at insertion, the reference here. */
+	for (size_t j = 0; j < nb; j++) {
+		size_t i0 = j * b, i1 = i0 + b < nh ? i0 + b : nh;
+		rc = -MKV_ENONFINITE;
+		for (size_t i = i0; i < i1; i++) {
+			if (!mkv_load_f32(s.kbuf, (const char *)hist->k + i * d * es,
+					  hist->dtype, d))
+				goto out;
+			for (uint32_t ch = 0; ch < d; ch++) {
+				float x = s.kbuf[ch];
+				if (i == i0 || x < mn[ch])
+					mn[ch] = x;
+				if (i == i0 || x > mx[ch])
+					mx[ch] = x;
+			}
+		}
+		c[j] = (struct cand){
+			.score = bound_score(q, o->n_q, d, mn, mx, MKV_DTYPE_F32, 0, d),
+			.seg = 0, .block = (uint32_t)j, .ntok = (uint32_t)(i1 - i0),
+			.idx = (uint32_t)j,
+		};
+	}
+	size_t nsel = select_blocks(c, nb, nh, o->token_frac, mask);
+	size_t toks = 0;
+	for (size_t j = 0; j < nb; j++) {
+		if (!mask[j])
+			continue;
+		size_t i0 = j * b, i1 = i0 + b < nh ? i0 + b : nh;
+		rc = dense_feed(o, q, hist, i0, i1, s.tot, s.kbuf, s.vbuf);
+		if (rc)
+			goto out;
+		toks += i1 - i0;
+	}
+	if (nw && (rc = dense_feed(o, q, win, 0, nw, s.tot, s.kbuf, s.vbuf)))
+		goto out;
+	osm_finish(o, s.tot, out);
+	if (st) {
+		size_t wes = nw ? mkv_dtype_size(win->dtype) : 0;
+		st->blocks_total = nb;
+		st->blocks_selected = nsel;
+		st->tokens_attended = toks + nw;
+		/* bounds in the history dtype, selected K+V, the window */
+		st->bytes_read = nb * 2 * d * es + toks * 2 * d * es + nw * 2 * d * wes;
+	}
+	rc = 0;
+out:
+	free(c);
+	free(mask);
+	free(mn);
+	free(mx);
+	free(s.mem);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* PackedAttention */
+
+static int packed_check(const struct mkv_attn_opts *o,
+			const struct mkv_segment *const *k,
+			const struct mkv_segment *const *v, size_t nseg,
+			size_t *n_hist, size_t *n_blocks)
+{
+	*n_hist = *n_blocks = 0;
+	if (nseg && (!k || !v))
+		return -EINVAL;
+	for (size_t i = 0; i < nseg; i++) {
+		if (!k[i] || !v[i])
+			return -EINVAL;
+		const struct mkv_packed_view *kv = &k[i]->v, *vv = &v[i]->v;
+		if (kv->kind != MKV_KIND_KEY || vv->kind != MKV_KIND_VALUE)
+			return -EINVAL;
+		if (kv->n != vv->n || kv->d != o->d || vv->d != o->d)
+			return -MKV_ESHAPE;
+		*n_hist += kv->n;
+		*n_blocks += kv->n_blocks;
+	}
+	if (*n_blocks > UINT32_MAX)
+		return -EINVAL;
+	return 0;
+}
+
+/* q'_h = R q_h for the first @rows rows of a segment's rotation. */
+static void rotate_queries(const struct mkv_attn_opts *o, const float *q,
+			   const struct mkv_segment *s, uint32_t rows, float *qr)
+{
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)o->n_q,
+		    (int)rows, (int)o->d, 1.0f, q, (int)o->d, s->rot_f32,
+		    (int)o->d, 0.0f, qr, (int)rows);
+}
+
+/* Score every block of every segment into @c, in (seg, block) order. */
+static void score_all(const struct mkv_attn_opts *o, const float *q,
+		      const struct mkv_segment *const *k, size_t nseg,
+		      struct cand *c, float *qr)
+{
+	size_t ci = 0;
+	for (size_t i = 0; i < nseg; i++) {
+		const struct mkv_packed_view *kv = &k[i]->v;
+		uint32_t S = kv->summary_channels;
+		rotate_queries(o, q, k[i], S, qr);
+		for (uint32_t j = 0; j < kv->n_blocks; j++, ci++) {
+			uint32_t i0 = j * kv->b;
+			c[ci] = (struct cand){
+				.score = bound_score(qr, o->n_q, S, kv->sum_min,
+						     kv->sum_max, kv->store_dtype,
+						     (size_t)j * S, S),
+				.seg = (uint32_t)i, .block = j,
+				.ntok = (kv->n - i0 < kv->b ? kv->n - i0 : kv->b),
+				.idx = (uint32_t)ci,
+			};
+		}
+	}
+}
+
+/* Decode packed vector @i of @s into d_keep floats (rotated space). */
+static void unpack_row(const struct mkv_segment *s, size_t i, float *dst)
+{
+	const struct mkv_packed_view *v = &s->v;
+	const uint8_t *bm = s->bitmaps + i * v->bitmap_bytes;
+	size_t base = i * v->r;
+	uint32_t k = 0;
+	memset(dst, 0, sizeof(float) * v->d_keep);
+	for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
+		unsigned bits = bm[byte];
+		while (bits) {
+			uint32_t j = byte * 8 + (uint32_t)__builtin_ctz(bits);
+			bits &= bits - 1;
+			for (uint32_t t = 0; t < v->g; t++)
+				dst[j * v->g + t] = mkv_elem(s->values, v->store_dtype, base + k++);
+		}
+	}
+}
+
+int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
+		      const struct mkv_segment *const *k,
+		      const struct mkv_segment *const *v, size_t nseg,
+		      const struct mkv_dense_kv *win, float *out,
+		      struct mkv_attn_stats *st)
+{
+	int rc = attn_opts_check(o, q);
+	if (rc)
+		return rc;
+	size_t n_hist, nb, nw = win ? win->n : 0;
+	if (!out || dense_check(win))
+		return -EINVAL;
+	if ((rc = packed_check(o, k, v, nseg, &n_hist, &nb)))
+		return rc;
+	if (n_hist + nw == 0)
+		return -EINVAL;
+	uint32_t d = o->d, nq = o->n_q;
+	struct scratch s;
+	if ((rc = scratch_init(&s, o)))
+		return rc;
+	struct cand *c = malloc(sizeof(*c) * (nb ? nb : 1));
+	uint8_t *mask = malloc(nb ? nb : 1);
+	float *qr = malloc(sizeof(float) * nq * d);
+	float *pacc = malloc(sizeof(float) * nq * d); /* rotated-V accumulators */
+	float *po = malloc(sizeof(float) * nq * d);   /* back-rotated partials */
+	rc = -ENOMEM;
+	if (!c || !mask || !qr || !pacc || !po)
+		goto out;
+	score_all(o, q, k, nseg, c, qr);
+	size_t nsel = select_blocks(c, nb, n_hist, o->token_frac, mask);
+
+	float scale = attn_scale(o);
+	size_t ci = 0, toks = 0, bytes = 0;
+	for (size_t i = 0; i < nseg; i++) {
+		const struct mkv_segment *ks = k[i], *vs = v[i];
+		const struct mkv_packed_view *kv = &ks->v, *vv = &vs->v;
+		size_t kes = mkv_dtype_size(kv->store_dtype);
+		size_t ves = mkv_dtype_size(vv->store_dtype);
+		bytes += 2 * (size_t)kv->n_blocks * kv->summary_channels * kes;
+		size_t seg_toks = 0;
+		for (uint32_t h = 0; h < nq; h++)
+			osm_init(&s.part[h], pacc + (size_t)h * vv->d_keep, vv->d_keep);
+		rotate_queries(o, q, ks, kv->d_keep, qr);
+		for (uint32_t j = 0; j < kv->n_blocks; j++, ci++) {
+			if (!mask[ci])
+				continue;
+			uint32_t i0 = j * kv->b;
+			uint32_t i1 = i0 + kv->b < kv->n ? i0 + kv->b : kv->n;
+			for (uint32_t t = i0; t < i1; t++) {
+				unpack_row(ks, t, s.kbuf);
+				unpack_row(vs, t, s.vbuf);
+				for (uint32_t h = 0; h < nq; h++) {
+					float sc = scale * dot(qr + (size_t)h * kv->d_keep,
+							       s.kbuf, kv->d_keep);
+					osm_push(&s.part[h], sc, s.vbuf, vv->d_keep);
+				}
+			}
+			seg_toks += i1 - i0;
+		}
+		if (!seg_toks)
+			continue;
+		/* One inverse V rotation per segment: o = o' R_v. */
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq,
+			    (int)d, (int)vv->d_keep, 1.0f, pacc, (int)vv->d_keep,
+			    vs->rot_f32, (int)d, 0.0f, po, (int)d);
+		for (uint32_t h = 0; h < nq; h++)
+			osm_merge(&s.tot[h], s.part[h].m, s.part[h].l,
+				  po + (size_t)h * d, d);
+		toks += seg_toks;
+		bytes += seg_toks * ((size_t)kv->r * kes + kv->bitmap_bytes +
+				     (size_t)vv->r * ves + vv->bitmap_bytes);
+		bytes += ((size_t)kv->d_keep * kes + (size_t)vv->d_keep * ves) * d;
+	}
+	if (nw) {
+		for (uint32_t h = 0; h < nq; h++)
+			osm_init(&s.part[h], po + (size_t)h * d, d);
+		rc = dense_feed(o, q, win, 0, nw, s.part, s.kbuf, s.vbuf);
+		if (rc)
+			goto out;
+		for (uint32_t h = 0; h < nq; h++)
+			osm_merge(&s.tot[h], s.part[h].m, s.part[h].l, s.part[h].acc, d);
+		bytes += nw * 2 * d * mkv_dtype_size(win->dtype);
+	}
+	osm_finish(o, s.tot, out);
+	if (st) {
+		st->blocks_total = nb;
+		st->blocks_selected = nsel;
+		st->tokens_attended = toks + nw;
+		st->bytes_read = bytes;
+	}
+	rc = 0;
+out:
+	free(c);
+	free(mask);
+	free(qr);
+	free(pacc);
+	free(po);
+	free(s.mem);
+	return rc;
+}
+
+int mkv_score_blocks(const struct mkv_attn_opts *o, const float *q,
+		     const struct mkv_segment *k, float *scores)
+{
+	int rc = attn_opts_check(o, q);
+	if (rc)
+		return rc;
+	if (!k || !scores || k->v.kind != MKV_KIND_KEY)
+		return -EINVAL;
+	if (k->v.d != o->d)
+		return -MKV_ESHAPE;
+	struct cand *c = malloc(sizeof(*c) * k->v.n_blocks);
+	float *qr = malloc(sizeof(float) * o->n_q * o->d);
+	if (!c || !qr) {
+		free(c);
+		free(qr);
+		return -ENOMEM;
+	}
+	score_all(o, q, &k, 1, c, qr);
+	for (uint32_t j = 0; j < k->v.n_blocks; j++)
+		scores[j] = c[j].score;
+	free(c);
+	free(qr);
+	return 0;
+}
+
+int64_t mkv_select_blocks(const struct mkv_attn_opts *o, const float *q,
+			  const struct mkv_segment *const *k, size_t nseg,
+			  struct mkv_block_ref *sel, size_t cap)
+{
+	int rc = attn_opts_check(o, q);
+	if (rc)
+		return rc;
+	if (!k || !nseg || (cap && !sel))
+		return -EINVAL;
+	size_t n_hist = 0, nb = 0;
+	for (size_t i = 0; i < nseg; i++) {
+		if (!k[i] || k[i]->v.kind != MKV_KIND_KEY)
+			return -EINVAL;
+		if (k[i]->v.d != o->d)
+			return -MKV_ESHAPE;
+		n_hist += k[i]->v.n;
+		nb += k[i]->v.n_blocks;
+	}
+	if (nb > UINT32_MAX)
+		return -EINVAL;
+	struct cand *c = malloc(sizeof(*c) * nb);
+	uint8_t *mask = malloc(nb);
+	float *qr = malloc(sizeof(float) * o->n_q * o->d);
+	if (!c || !mask || !qr) {
+		free(c);
+		free(mask);
+		free(qr);
+		return -ENOMEM;
+	}
+	score_all(o, q, k, nseg, c, qr);
+	size_t nsel = select_blocks(c, nb, n_hist, o->token_frac, mask);
+	size_t w = 0, ci = 0;
+	for (size_t i = 0; i < nseg; i++)
+		for (uint32_t j = 0; j < k[i]->v.n_blocks; j++, ci++)
+			if (mask[ci] && w < cap)
+				sel[w++] = (struct mkv_block_ref){(uint32_t)i, j};
+	free(c);
+	free(mask);
+	free(qr);
+	return (int64_t)nsel;
+}

@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/* Internal definitions of the compression core; never installed. */
+#ifndef MKV_CORE_INTERNAL_H
+#define MKV_CORE_INTERNAL_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <mosaickv/compress.h>
+#include <mosaickv/attention.h>
+
+#define MKV_HIDDEN __attribute__((visibility("hidden")))
+
+struct mkv_segment {
+	struct mkv_packed_view v; /* pointers below, exported read-only */
+	void *values;
+	uint8_t *bitmaps;
+	void *rotation;
+	void *sum_min;
+	void *sum_max;
+	float *rot_f32; /* rotation expanded to float once, d_keep × d */
+};
+
+/* dtype.c */
+MKV_HIDDEN bool mkv_dtype_valid(enum mkv_dtype dt);
+MKV_HIDDEN float mkv_bf16_to_f32(uint16_t h);
+MKV_HIDDEN uint16_t mkv_f32_to_bf16(float f);      /* nearest, ties to even */
+MKV_HIDDEN uint16_t mkv_f32_to_bf16_down(float f); /* toward -inf */
+MKV_HIDDEN uint16_t mkv_f32_to_bf16_up(float f);   /* toward +inf */
+MKV_HIDDEN float mkv_f16_to_f32(uint16_t h);
+MKV_HIDDEN uint16_t mkv_f32_to_f16(float f);
+/* Convert n elements of @dt at @src to float; returns false if any is
+ * NaN or Inf (dst is then partially written). */
+MKV_HIDDEN bool mkv_load_f32(float *dst, const void *src, enum mkv_dtype dt,
+			     size_t n);
+/* Store n floats into @dst as @dt (F32 or BF16), rounding to nearest. */
+MKV_HIDDEN void mkv_store(void *dst, const float *src, enum mkv_dtype dt,
+			  size_t n);
+/* Read element i of an F32 or BF16 array. */
+static inline float mkv_elem(const void *p, enum mkv_dtype dt, size_t i)
+{
+	if (dt == MKV_DTYPE_F32)
+		return ((const float *)p)[i];
+	return mkv_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+MKV_HIDDEN bool mkv_all_finite(const float *x, size_t n);
+
+/* Options validation shared by the entry points. */
+MKV_HIDDEN bool mkv_d_valid(uint32_t d);
+MKV_HIDDEN bool mkv_g_valid(uint32_t g);
+MKV_HIDDEN bool mkv_b_valid(uint32_t b);
+static inline uint32_t mkv_d_keep(uint32_t d, uint32_t drop)
+{
+	return drop ? d - d / 4 : d;
+}
+/* Versioned-options helper: @size must cover at least @min bytes and at
+ * most @max (what this library knows). */
+static inline bool mkv_opts_size_ok(size_t size, size_t min, size_t max)
+{
+	return size >= min && size <= max;
+}
+
+/*
+ * Top-@k selection over @m non-negative energies @e: sets sel[j] = 1 for the
+ * k largest (ties go to the lower index), 0 elsewhere.  @tmp holds m floats.
+ */
+MKV_HIDDEN void mkv_topk_mask(const float *e, uint32_t m, uint32_t k,
+			      uint8_t *sel, float *tmp);
+
+/* Covariance XᵀX of n float rows of dimension d, added to @cov (d × d,
+ * double, full symmetric).  Returns 0 or -ENOMEM (cov untouched). */
+MKV_HIDDEN int mkv_cov_accumulate(double *cov, const float *x, size_t n,
+				   uint32_t d);
+/* Eigenvectors of the d × d covariance as rows of @R (float), eigenvalues
+ * descending into @eig (may be NULL).  Returns 0, -MKV_ELAPACK, -ENOMEM. */
+MKV_HIDDEN int mkv_eigen_rows(const double *cov, uint32_t d, float *R,
+			      double *eig);
+
+#endif

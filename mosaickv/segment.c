@@ -1,0 +1,586 @@
+/* SPDX-License-Identifier: MIT */
+/* Segment encoding into the packed format, decoding, and serialization. */
+#include <cblas.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+#include "internal.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the serialized segment format is written in host order: little-endian only"
+#endif
+
+int mkv_encode_opts_init(struct mkv_encode_opts *o, size_t size)
+{
+	if (!o || !mkv_opts_size_ok(size, sizeof(*o), sizeof(*o)))
+		return -EINVAL;
+	memset(o, 0, size);
+	o->size = size;
+	o->d = 128;
+	o->r = 32;
+	o->g = 1;
+	o->b = 16;
+	o->drop = 0;
+	o->rotate = 1;
+	o->select = MKV_SELECT_PER_VECTOR;
+	o->kind = MKV_KIND_KEY;
+	o->store_dtype = MKV_DTYPE_BF16;
+	o->summary_channels = 0;
+	o->rotation = NULL;
+	return 0;
+}
+
+static bool store_dtype_valid(enum mkv_dtype dt)
+{
+	return dt == MKV_DTYPE_F32 || dt == MKV_DTYPE_BF16;
+}
+
+/* The shape fields of a view must describe a segment this library can
+ * build; used for options and again for bytes read back from a tier. */
+static bool shape_valid(uint32_t n, uint32_t d, uint32_t d_keep, uint32_t r,
+			uint32_t g, uint32_t b, uint32_t S, enum mkv_kind kind,
+			enum mkv_dtype sd)
+{
+	if (n == 0 || n > MKV_MAX_N || !mkv_d_valid(d) || !mkv_g_valid(g) ||
+	    !mkv_b_valid(b) || !store_dtype_valid(sd))
+		return false;
+	if (d_keep != d && d_keep != mkv_d_keep(d, 1))
+		return false;
+	if (r == 0 || r > d_keep || r % g || d_keep % g)
+		return false;
+	if (kind == MKV_KIND_KEY)
+		return S >= 1 && S <= d_keep;
+	return kind == MKV_KIND_VALUE && S == 0;
+}
+
+static void view_init(struct mkv_packed_view *v, uint32_t n, uint32_t d,
+		      uint32_t d_keep, uint32_t r, uint32_t g, uint32_t b,
+		      uint32_t S, enum mkv_kind kind, enum mkv_dtype sd,
+		      uint32_t rotated)
+{
+	memset(v, 0, sizeof(*v));
+	v->n = n;
+	v->d = d;
+	v->d_keep = d_keep;
+	v->r = r;
+	v->g = g;
+	v->b = b;
+	v->n_blocks = (n + b - 1) / b;
+	v->bitmap_bytes = (d_keep / g + 7) / 8;
+	v->summary_channels = kind == MKV_KIND_KEY ? S : 0;
+	v->kind = kind;
+	v->store_dtype = sd;
+	v->rotated = rotated;
+}
+
+struct seg_sizes {
+	size_t values, bitmaps, rotation, summary; /* summary: one of min/max */
+};
+
+static struct seg_sizes seg_sizes(const struct mkv_packed_view *v)
+{
+	size_t es = mkv_dtype_size(v->store_dtype);
+	struct seg_sizes z = {
+		.values = (size_t)v->n * v->r * es,
+		.bitmaps = (size_t)v->n * v->bitmap_bytes,
+		.rotation = (size_t)v->d_keep * v->d * es,
+		.summary = (size_t)v->n_blocks * v->summary_channels * es,
+	};
+	return z;
+}
+
+void mkv_segment_destroy(struct mkv_segment *s)
+{
+	if (!s)
+		return;
+	free(s->values);
+	free(s->bitmaps);
+	free(s->rotation);
+	free(s->sum_min);
+	free(s->sum_max);
+	free(s->rot_f32);
+	free(s);
+}
+
+/* Allocate a segment's arrays for the shape in @v (already initialised). */
+static struct mkv_segment *seg_alloc(const struct mkv_packed_view *v)
+{
+	struct mkv_segment *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->v = *v;
+	struct seg_sizes z = seg_sizes(v);
+	s->values = malloc(z.values);
+	s->bitmaps = calloc(1, z.bitmaps);
+	s->rotation = malloc(z.rotation);
+	s->rot_f32 = malloc(sizeof(float) * v->d_keep * v->d);
+	if (v->kind == MKV_KIND_KEY) {
+		s->sum_min = malloc(z.summary);
+		s->sum_max = malloc(z.summary);
+	}
+	if (!s->values || !s->bitmaps || !s->rotation || !s->rot_f32 ||
+	    (v->kind == MKV_KIND_KEY && (!s->sum_min || !s->sum_max))) {
+		mkv_segment_destroy(s);
+		return NULL;
+	}
+	s->v.values = s->values;
+	s->v.bitmaps = s->bitmaps;
+	s->v.rotation = s->rotation;
+	s->v.sum_min = s->sum_min;
+	s->v.sum_max = s->sum_max;
+	return s;
+}
+
+/* Expand the stored rotation to float: the one used for every projection,
+ * so encoding, decoding and attention agree on one matrix. */
+static void seg_expand_rotation(struct mkv_segment *s)
+{
+	size_t m = (size_t)s->v.d_keep * s->v.d;
+	for (size_t i = 0; i < m; i++)
+		s->rot_f32[i] = mkv_elem(s->rotation, s->v.store_dtype, i);
+}
+
+/* Rotation for the segment: given, computed from the data, or a channel
+ * subset of the identity. */
+static int encode_rotation(const struct mkv_encode_opts *o, const float *X,
+			   size_t n, uint32_t d_keep, float *R)
+{
+	uint32_t d = o->d;
+	if (o->rotation) {
+		memcpy(R, o->rotation, sizeof(float) * d_keep * d);
+		return mkv_all_finite(R, (size_t)d_keep * d) ? 0 : -MKV_ENONFINITE;
+	}
+	if (o->rotate) {
+		double *cov = calloc((size_t)d * d, sizeof(double));
+		float *full = malloc(sizeof(float) * d * d);
+		int rc = -ENOMEM;
+		if (cov && full) {
+			rc = mkv_cov_accumulate(cov, X, n, d);
+			if (rc == 0)
+				rc = mkv_eigen_rows(cov, d, full, NULL);
+			if (rc == 0)
+				memcpy(R, full, sizeof(float) * d_keep * d);
+		}
+		free(cov);
+		free(full);
+		return rc;
+	}
+	/* No rotation: unit rows.  With a drop, keep the d_keep channels of
+	 * largest energy, in descending energy like the eigen-rows. */
+	memset(R, 0, sizeof(float) * d_keep * d);
+	if (d_keep == d) {
+		for (uint32_t i = 0; i < d; i++)
+			R[i * d + i] = 1.0f;
+		return 0;
+	}
+	double en[MKV_MAX_D] = {0};
+	for (size_t i = 0; i < n; i++)
+		for (uint32_t c = 0; c < d; c++)
+			en[c] += (double)X[i * d + c] * X[i * d + c];
+	uint8_t used[MKV_MAX_D] = {0};
+	for (uint32_t row = 0; row < d_keep; row++) {
+		uint32_t best = 0;
+		double bv = -1.0;
+		for (uint32_t c = 0; c < d; c++)
+			if (!used[c] && en[c] > bv) {
+				bv = en[c];
+				best = c;
+			}
+		used[best] = 1;
+		R[row * d + best] = 1.0f;
+	}
+	return 0;
+}
+
+/* Pack vector i of the rotated rows @xr according to the group mask @sel. */
+static void pack_vector(struct mkv_segment *s, size_t i, const float *xr,
+			const uint8_t *sel, float *vals)
+{
+	const struct mkv_packed_view *v = &s->v;
+	uint32_t ng = v->d_keep / v->g, k = 0;
+	uint8_t *bm = s->bitmaps + i * v->bitmap_bytes;
+	for (uint32_t j = 0; j < ng; j++) {
+		if (!sel[j])
+			continue;
+		bm[j >> 3] |= (uint8_t)(1u << (j & 7));
+		for (uint32_t t = 0; t < v->g; t++)
+			vals[k++] = xr[j * v->g + t];
+	}
+	mkv_store((char *)s->values + i * v->r * mkv_dtype_size(v->store_dtype),
+		  vals, v->store_dtype, v->r);
+}
+
+static void group_energy(const float *xr, uint32_t d_keep, uint32_t g,
+			 float *e)
+{
+	for (uint32_t j = 0; j < d_keep / g; j++) {
+		float acc = 0.0f;
+		for (uint32_t t = 0; t < g; t++)
+			acc += xr[j * g + t] * xr[j * g + t];
+		e[j] = acc;
+	}
+}
+
+static void encode_select(struct mkv_segment *s, const float *xr,
+			  enum mkv_select mode)
+{
+	const struct mkv_packed_view *v = &s->v;
+	uint32_t ng = v->d_keep / v->g, kg = v->r / v->g;
+	float e[MKV_MAX_D], tmp[MKV_MAX_D], vals[MKV_MAX_D];
+	uint8_t sel[MKV_MAX_D];
+	if (mode == MKV_SELECT_GLOBAL) {
+		double tot[MKV_MAX_D] = {0};
+		for (size_t i = 0; i < v->n; i++) {
+			group_energy(xr + i * v->d_keep, v->d_keep, v->g, e);
+			for (uint32_t j = 0; j < ng; j++)
+				tot[j] += e[j];
+		}
+		for (uint32_t j = 0; j < ng; j++)
+			e[j] = (float)tot[j];
+		mkv_topk_mask(e, ng, kg, sel, tmp);
+		for (size_t i = 0; i < v->n; i++)
+			pack_vector(s, i, xr + i * v->d_keep, sel, vals);
+		return;
+	}
+	for (size_t i = 0; i < v->n; i++) {
+		const float *row = xr + i * v->d_keep;
+		group_energy(row, v->d_keep, v->g, e);
+		mkv_topk_mask(e, ng, kg, sel, tmp);
+		pack_vector(s, i, row, sel, vals);
+	}
+}
+
+/* Block min/max over the first S exact rotated channels, rounded outward
+ * when stored in bf16 so the bounds stay bounds. */
+static void encode_summaries(struct mkv_segment *s, const float *xr)
+{
+	const struct mkv_packed_view *v = &s->v;
+	uint32_t S = v->summary_channels;
+	float mn[MKV_MAX_D], mx[MKV_MAX_D];
+	for (uint32_t j = 0; j < v->n_blocks; j++) {
+		size_t i0 = (size_t)j * v->b;
+		size_t i1 = i0 + v->b < v->n ? i0 + v->b : v->n;
+		for (uint32_t c = 0; c < S; c++)
+			mn[c] = mx[c] = xr[i0 * v->d_keep + c];
+		for (size_t i = i0 + 1; i < i1; i++)
+			for (uint32_t c = 0; c < S; c++) {
+				float x = xr[i * v->d_keep + c];
+				mn[c] = x < mn[c] ? x : mn[c];
+				mx[c] = x > mx[c] ? x : mx[c];
+			}
+		size_t off = (size_t)j * S;
+		if (v->store_dtype == MKV_DTYPE_F32) {
+			memcpy((float *)s->sum_min + off, mn, sizeof(float) * S);
+			memcpy((float *)s->sum_max + off, mx, sizeof(float) * S);
+		} else {
+			for (uint32_t c = 0; c < S; c++) {
+				((uint16_t *)s->sum_min)[off + c] = mkv_f32_to_bf16_down(mn[c]);
+				((uint16_t *)s->sum_max)[off + c] = mkv_f32_to_bf16_up(mx[c]);
+			}
+		}
+	}
+}
+
+static int encode_opts_check(const struct mkv_encode_opts *o, enum mkv_dtype dt,
+			     size_t n, uint32_t *d_keep, uint32_t *S)
+{
+	if (o->size != sizeof(*o) || !mkv_dtype_valid(dt))
+		return -EINVAL;
+	if (!mkv_d_valid(o->d) || o->drop > 1 || o->rotate > 1)
+		return -EINVAL;
+	if (o->select != MKV_SELECT_PER_VECTOR && o->select != MKV_SELECT_GLOBAL)
+		return -EINVAL;
+	if (!o->rotate && o->rotation)
+		return -EINVAL;
+	*d_keep = mkv_d_keep(o->d, o->drop);
+	*S = 0;
+	if (o->kind == MKV_KIND_KEY) {
+		*S = o->summary_channels ? o->summary_channels
+					 : (o->r < *d_keep ? o->r : *d_keep);
+		if (*S > *d_keep)
+			return -EINVAL;
+	} else if (o->summary_channels) {
+		return -EINVAL;
+	}
+	if (n == 0 || n > MKV_MAX_N ||
+	    !shape_valid((uint32_t)n, o->d, *d_keep, o->r, o->g, o->b, *S,
+			 o->kind, o->store_dtype))
+		return -EINVAL;
+	return 0;
+}
+
+int mkv_segment_encode(const struct mkv_encode_opts *o, const void *x,
+		       enum mkv_dtype dt, size_t n, struct mkv_segment **out)
+{
+	uint32_t d_keep, S;
+	if (!o || !x || !out)
+		return -EINVAL;
+	int rc = encode_opts_check(o, dt, n, &d_keep, &S);
+	if (rc)
+		return rc;
+	uint32_t d = o->d;
+	struct mkv_packed_view v;
+	view_init(&v, (uint32_t)n, d, d_keep, o->r, o->g, o->b, S, o->kind,
+		  o->store_dtype, o->rotate);
+
+	float *X = malloc(sizeof(float) * n * d);
+	float *R = malloc(sizeof(float) * d_keep * d);
+	float *xr = malloc(sizeof(float) * n * d_keep);
+	struct mkv_segment *s = seg_alloc(&v);
+	rc = -ENOMEM;
+	if (!X || !R || !xr || !s)
+		goto fail;
+	rc = -MKV_ENONFINITE;
+	if (!mkv_load_f32(X, x, dt, n * d))
+		goto fail;
+	rc = encode_rotation(o, X, n, d_keep, R);
+	if (rc)
+		goto fail;
+	mkv_store(s->rotation, R, v.store_dtype, (size_t)d_keep * d);
+	seg_expand_rotation(s);
+	/* X' = X Rᵀ with the stored (possibly rounded) rotation. */
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)d_keep,
+		    (int)d, 1.0f, X, (int)d, s->rot_f32, (int)d, 0.0f, xr,
+		    (int)d_keep);
+	encode_select(s, xr, o->select);
+	if (o->kind == MKV_KIND_KEY)
+		encode_summaries(s, xr);
+	free(X);
+	free(R);
+	free(xr);
+	*out = s;
+	return 0;
+fail:
+	free(X);
+	free(R);
+	free(xr);
+	mkv_segment_destroy(s);
+	return rc;
+}
+
+int mkv_segment_view(const struct mkv_segment *s, struct mkv_packed_view *v)
+{
+	if (!s || !v)
+		return -EINVAL;
+	*v = s->v;
+	return 0;
+}
+
+int mkv_segment_bytes(const struct mkv_segment *s, struct mkv_segment_bytes *b)
+{
+	if (!s || !b)
+		return -EINVAL;
+	struct seg_sizes z = seg_sizes(&s->v);
+	b->values = z.values;
+	b->bitmaps = z.bitmaps;
+	b->rotation = z.rotation;
+	b->summaries = 2 * z.summary;
+	b->total = b->values + b->bitmaps + b->rotation + b->summaries;
+	b->dense = (size_t)s->v.n * s->v.d * 2;
+	return 0;
+}
+
+/* Scatter packed vector i to its rotated-channel positions in @dst
+ * (d_keep floats, zeroed here). */
+static void unpack_vector(const struct mkv_segment *s, size_t i, float *dst)
+{
+	const struct mkv_packed_view *v = &s->v;
+	const uint8_t *bm = s->bitmaps + i * v->bitmap_bytes;
+	size_t base = i * v->r;
+	uint32_t k = 0;
+	memset(dst, 0, sizeof(float) * v->d_keep);
+	for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
+		unsigned bits = bm[byte];
+		while (bits) {
+			uint32_t j = byte * 8 + (uint32_t)__builtin_ctz(bits);
+			bits &= bits - 1;
+			for (uint32_t t = 0; t < v->g; t++)
+				dst[j * v->g + t] = mkv_elem(s->values, v->store_dtype, base + k++);
+		}
+	}
+}
+
+int mkv_segment_decode(const struct mkv_segment *s, size_t first, size_t count,
+		       enum mkv_space space, float *out)
+{
+	if (!s || !out || count == 0 || first >= s->v.n ||
+	    count > s->v.n - first ||
+	    (space != MKV_SPACE_ROTATED && space != MKV_SPACE_ORIGINAL))
+		return -EINVAL;
+	uint32_t dk = s->v.d_keep, d = s->v.d;
+	if (space == MKV_SPACE_ROTATED) {
+		for (size_t i = 0; i < count; i++)
+			unpack_vector(s, first + i, out + i * dk);
+		return 0;
+	}
+	float *tmp = malloc(sizeof(float) * count * dk);
+	if (!tmp)
+		return -ENOMEM;
+	for (size_t i = 0; i < count; i++)
+		unpack_vector(s, first + i, tmp + i * dk);
+	/* x̂ = x̂' R */
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)count, (int)d,
+		    (int)dk, 1.0f, tmp, (int)dk, s->rot_f32, (int)d, 0.0f, out,
+		    (int)d);
+	free(tmp);
+	return 0;
+}
+
+int mkv_segment_rotation(const struct mkv_segment *s, float *R)
+{
+	if (!s || !R)
+		return -EINVAL;
+	memcpy(R, s->rot_f32, sizeof(float) * s->v.d_keep * s->v.d);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Serialization.  Layout: header, then values, bitmaps, rotation, sum_min,
+ * sum_max, each starting on a 16-byte boundary.  The checksum is XXH3-64
+ * over the payload, seeded with XXH3-64 of the header up to the checksum
+ * field, so any flipped bit anywhere is caught. */
+
+#define SEG_MAGIC "MKVSEG\r\n"
+#define SEG_VERSION 1u
+
+struct seg_hdr {
+	char magic[8];
+	uint32_t version;
+	uint32_t hdr_size;
+	uint32_t n, d, d_keep, r, g, b, summary_channels;
+	uint32_t kind, store_dtype, rotated;
+	uint64_t total_len;
+	uint64_t checksum; /* last: everything before it is hashed */
+};
+
+static size_t align16(size_t x)
+{
+	return (x + 15) & ~(size_t)15;
+}
+
+static size_t serialized_len(const struct mkv_packed_view *v, size_t off[5])
+{
+	struct seg_sizes z = seg_sizes(v);
+	size_t len[5] = {z.values, z.bitmaps, z.rotation, z.summary, z.summary};
+	size_t pos = align16(sizeof(struct seg_hdr));
+	for (int i = 0; i < 5; i++) {
+		off[i] = pos;
+		pos = align16(pos + len[i]);
+	}
+	return pos;
+}
+
+static uint64_t seg_checksum(const void *buf, size_t len)
+{
+	uint64_t seed = XXH3_64bits(buf, offsetof(struct seg_hdr, checksum));
+	size_t h = align16(sizeof(struct seg_hdr));
+	return XXH3_64bits_withSeed((const char *)buf + h, len - h, seed);
+}
+
+int64_t mkv_segment_serialize(const struct mkv_segment *s, void *buf, size_t cap)
+{
+	if (!s)
+		return -EINVAL;
+	size_t off[5];
+	size_t len = serialized_len(&s->v, off);
+	if (!buf)
+		return (int64_t)len;
+	if (cap < len)
+		return -ENOSPC;
+	struct seg_sizes z = seg_sizes(&s->v);
+	char *p = buf;
+	memset(p, 0, len);
+	struct seg_hdr h = {
+		.version = SEG_VERSION,
+		.hdr_size = sizeof(struct seg_hdr),
+		.n = s->v.n, .d = s->v.d, .d_keep = s->v.d_keep, .r = s->v.r,
+		.g = s->v.g, .b = s->v.b,
+		.summary_channels = s->v.summary_channels,
+		.kind = (uint32_t)s->v.kind,
+		.store_dtype = (uint32_t)s->v.store_dtype,
+		.rotated = s->v.rotated,
+		.total_len = len,
+	};
+	memcpy(h.magic, SEG_MAGIC, 8);
+	memcpy(p, &h, sizeof(h));
+	memcpy(p + off[0], s->values, z.values);
+	memcpy(p + off[1], s->bitmaps, z.bitmaps);
+	memcpy(p + off[2], s->rotation, z.rotation);
+	if (s->v.kind == MKV_KIND_KEY) {
+		memcpy(p + off[3], s->sum_min, z.summary);
+		memcpy(p + off[4], s->sum_max, z.summary);
+	}
+	h.checksum = seg_checksum(p, len);
+	memcpy(p, &h, sizeof(h));
+	return (int64_t)len;
+}
+
+/* A stored vector must select exactly r/g groups and nothing past d_keep/g:
+ * a bitmap that lies would make readers index past the values. */
+static bool bitmaps_valid(const struct mkv_segment *s)
+{
+	const struct mkv_packed_view *v = &s->v;
+	uint32_t ng = v->d_keep / v->g, want = v->r / v->g;
+	for (size_t i = 0; i < v->n; i++) {
+		const uint8_t *bm = s->bitmaps + i * v->bitmap_bytes;
+		uint32_t cnt = 0;
+		for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++)
+			cnt += (uint32_t)__builtin_popcount(bm[byte]);
+		if (cnt != want)
+			return false;
+		if (ng % 8 && (bm[v->bitmap_bytes - 1] >> (ng % 8)))
+			return false;
+	}
+	return true;
+}
+
+int mkv_segment_deserialize(const void *buf, size_t len, struct mkv_segment **out)
+{
+	if (!buf || !out)
+		return -EINVAL;
+	struct seg_hdr h;
+	if (len < sizeof(h))
+		return -MKV_ECORRUPT;
+	memcpy(&h, buf, sizeof(h));
+	if (memcmp(h.magic, SEG_MAGIC, 8) || h.version != SEG_VERSION ||
+	    h.hdr_size != sizeof(h) || h.total_len != len)
+		return -MKV_ECORRUPT;
+	if (h.kind > MKV_KIND_VALUE || h.store_dtype > MKV_DTYPE_BF16 ||
+	    h.rotated > 1 ||
+	    !shape_valid(h.n, h.d, h.d_keep, h.r, h.g, h.b, h.summary_channels,
+			 (enum mkv_kind)h.kind, (enum mkv_dtype)h.store_dtype))
+		return -MKV_ECORRUPT;
+	struct mkv_packed_view v;
+	view_init(&v, h.n, h.d, h.d_keep, h.r, h.g, h.b, h.summary_channels,
+		  (enum mkv_kind)h.kind, (enum mkv_dtype)h.store_dtype, h.rotated);
+	size_t off[5];
+	if (serialized_len(&v, off) != len || seg_checksum(buf, len) != h.checksum)
+		return -MKV_ECORRUPT;
+	struct mkv_segment *s = seg_alloc(&v);
+	if (!s)
+		return -ENOMEM;
+	struct seg_sizes z = seg_sizes(&v);
+	const char *p = buf;
+	memcpy(s->values, p + off[0], z.values);
+	memcpy(s->bitmaps, p + off[1], z.bitmaps);
+	memcpy(s->rotation, p + off[2], z.rotation);
+	if (v.kind == MKV_KIND_KEY) {
+		memcpy(s->sum_min, p + off[3], z.summary);
+		memcpy(s->sum_max, p + off[4], z.summary);
+	}
+	seg_expand_rotation(s);
+	/* A checksum only proves the bytes are the ones written; refuse
+	 * contents no encoder could have produced. */
+	size_t nv = (size_t)v.n * v.r, nr = (size_t)v.d_keep * v.d;
+	bool ok = bitmaps_valid(s) && mkv_all_finite(s->rot_f32, nr);
+	for (size_t i = 0; ok && i < nv; i++)
+		ok = isfinite(mkv_elem(s->values, v.store_dtype, i));
+	if (!ok) {
+		mkv_segment_destroy(s);
+		return -MKV_ECORRUPT;
+	}
+	*out = s;
+	return 0;
+}
