@@ -52,7 +52,7 @@ struct mkv_encode_opts {
 	size_t size;          /* sizeof(struct mkv_encode_opts), set by _init */
 	uint32_t d;           /* head dim: 64, 128 or 256.  Default 128 */
 	uint32_t r;           /* values kept per vector: multiple of g, 1..d_keep.
-	                       * Default d/4 */
+	                       * Default 32 (a quarter of the default d) */
 	uint32_t g;           /* element-group size: 1, 2, 4 or 8.  Default 1 */
 	uint32_t b;           /* block size in tokens: 8, 16, 32 or 64.  Default 16 */
 	uint32_t drop;        /* 1: drop the 25% lowest-variance channels.  Default 0 */

@@ -1,0 +1,31 @@
+#!/bin/sh
+# Every test: install what is missing, build, run the whole suite, then the
+# same suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# GPU tests skip on machines without a usable GPU.  The last line is
+# "N passed, N failed, N skipped" over both runs.
+set -eu
+cd "$(dirname "$0")/.."
+sh scripts/setup.sh
+sh scripts/build.sh build
+# CUDA is left out of the sanitizer build: nothing CUDA runs under ASan,
+# and the CPU paths are what the sanitizers are for.
+sh scripts/build.sh build-asan -Dcuda=disabled -Dbench=false \
+    -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+
+status=0
+meson test -C build --print-errorlogs --num-processes 2 || status=1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C build-asan --print-errorlogs --num-processes 2 || status=1
+
+python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
+import json, sys
+count = {"OK": 0, "FAIL": 0, "SKIP": 0}
+for path in sys.argv[1:]:
+    for line in open(path):
+        r = json.loads(line)["result"]
+        key = {"OK": "OK", "EXPECTEDFAIL": "OK", "SKIP": "SKIP"}.get(r, "FAIL")
+        count[key] += 1
+print(f"{count['OK']} passed, {count['FAIL']} failed, {count['SKIP']} skipped")
+PY
+exit $status
