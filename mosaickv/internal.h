@@ -66,6 +66,9 @@ static inline bool mkv_opts_size_ok(size_t size, size_t min, size_t max)
 MKV_HIDDEN void mkv_topk_mask(const float *e, uint32_t m, uint32_t k,
 			      uint8_t *sel, float *tmp);
 
+/* Sort @n non-negative finite floats descending, in place. */
+MKV_HIDDEN void mkv_sort_desc(float *v, uint32_t n);
+
 /* Covariance XᵀX of n float rows of dimension d, added to @cov (d × d,
  * double, full symmetric).  Returns 0 or -ENOMEM (cov untouched). */
 MKV_HIDDEN int mkv_cov_accumulate(double *cov, const float *x, size_t n,

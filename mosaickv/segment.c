@@ -142,56 +142,83 @@ static void seg_expand_rotation(struct mkv_segment *s)
 		s->rot_f32[i] = mkv_elem(s->rotation, s->v.store_dtype, i);
 }
 
+/* Rows per streaming pass: 256 rows of d <= 256 floats stay in L2, so
+ * nothing the size of the segment is ever materialised in float.  A
+ * multiple of the largest block size, so no block straddles two chunks. */
+#define ENC_CHUNK 256
+
+/* Convert rows [i0, i0+m) of the input to float; false on NaN/Inf. */
+static bool load_rows(float *dst, const void *x, enum mkv_dtype dt, size_t i0,
+		      size_t m, uint32_t d)
+{
+	return mkv_load_f32(dst, (const char *)x + i0 * d * mkv_dtype_size(dt),
+			    dt, m * d);
+}
+
 /* Rotation for the segment: given, computed from the data, or a channel
- * subset of the identity. */
-static int encode_rotation(const struct mkv_encode_opts *o, const float *X,
-			   size_t n, uint32_t d_keep, float *R)
+ * subset of the identity.  Also the pass that rejects non-finite input. */
+static int encode_rotation(const struct mkv_encode_opts *o, const void *x,
+			   enum mkv_dtype dt, size_t n, uint32_t d_keep,
+			   float *R, float *buf)
 {
 	uint32_t d = o->d;
+	double *cov = NULL;
+	double en[MKV_MAX_D] = {0};
+	bool need_cov = !o->rotation && o->rotate;
+	int rc = -ENOMEM;
+	if (need_cov && !(cov = calloc((size_t)d * d, sizeof(double))))
+		return -ENOMEM;
+	for (size_t i0 = 0; i0 < n; i0 += ENC_CHUNK) {
+		size_t m = n - i0 < ENC_CHUNK ? n - i0 : ENC_CHUNK;
+		if (!load_rows(buf, x, dt, i0, m, d)) {
+			rc = -MKV_ENONFINITE;
+			goto out;
+		}
+		if (need_cov) {
+			if ((rc = mkv_cov_accumulate(cov, buf, m, d)))
+				goto out;
+		} else if (!o->rotation && d_keep != d) {
+			for (size_t i = 0; i < m * d; i++)
+				en[i % d] += (double)buf[i] * buf[i];
+		}
+	}
 	if (o->rotation) {
 		memcpy(R, o->rotation, sizeof(float) * d_keep * d);
-		return mkv_all_finite(R, (size_t)d_keep * d) ? 0 : -MKV_ENONFINITE;
+		rc = mkv_all_finite(R, (size_t)d_keep * d) ? 0 : -MKV_ENONFINITE;
+		goto out;
 	}
-	if (o->rotate) {
-		double *cov = calloc((size_t)d * d, sizeof(double));
+	if (need_cov) {
 		float *full = malloc(sizeof(float) * d * d);
-		int rc = -ENOMEM;
-		if (cov && full) {
-			rc = mkv_cov_accumulate(cov, X, n, d);
-			if (rc == 0)
-				rc = mkv_eigen_rows(cov, d, full, NULL);
+		rc = -ENOMEM;
+		if (full) {
+			rc = mkv_eigen_rows(cov, d, full, NULL);
 			if (rc == 0)
 				memcpy(R, full, sizeof(float) * d_keep * d);
+			free(full);
 		}
-		free(cov);
-		free(full);
-		return rc;
+		goto out;
 	}
 	/* No rotation: unit rows.  With a drop, keep the d_keep channels of
 	 * largest energy, in descending energy like the eigen-rows. */
 	memset(R, 0, sizeof(float) * d_keep * d);
-	if (d_keep == d) {
-		for (uint32_t i = 0; i < d; i++)
-			R[i * d + i] = 1.0f;
-		return 0;
-	}
-	double en[MKV_MAX_D] = {0};
-	for (size_t i = 0; i < n; i++)
-		for (uint32_t c = 0; c < d; c++)
-			en[c] += (double)X[i * d + c] * X[i * d + c];
 	uint8_t used[MKV_MAX_D] = {0};
 	for (uint32_t row = 0; row < d_keep; row++) {
-		uint32_t best = 0;
-		double bv = -1.0;
-		for (uint32_t c = 0; c < d; c++)
-			if (!used[c] && en[c] > bv) {
-				bv = en[c];
-				best = c;
-			}
+		uint32_t best = row;
+		if (d_keep != d) {
+			double bv = -1.0;
+			for (uint32_t c = 0; c < d; c++)
+				if (!used[c] && en[c] > bv) {
+					bv = en[c];
+					best = c;
+				}
+		}
 		used[best] = 1;
 		R[row * d + best] = 1.0f;
 	}
-	return 0;
+	rc = 0;
+out:
+	free(cov);
+	return rc;
 }
 
 /* Pack vector i of the rotated rows @xr according to the group mask @sel. */
@@ -223,54 +250,71 @@ static void group_energy(const float *xr, uint32_t d_keep, uint32_t g,
 	}
 }
 
-static void encode_select(struct mkv_segment *s, const float *xr,
-			  enum mkv_select mode)
+/* The global mask: the r/g groups of largest total energy over the
+ * segment, found in a pass of its own before anything is packed. */
+static void global_mask(struct mkv_segment *s, const void *x, enum mkv_dtype dt,
+			float *buf, float *xr, uint8_t *sel)
+{
+	const struct mkv_packed_view *v = &s->v;
+	uint32_t ng = v->d_keep / v->g, d = v->d;
+	double tot[MKV_MAX_D] = {0};
+	float e[MKV_MAX_D], tmp[MKV_MAX_D];
+	for (size_t i0 = 0; i0 < v->n; i0 += ENC_CHUNK) {
+		size_t m = v->n - i0 < ENC_CHUNK ? v->n - i0 : ENC_CHUNK;
+		load_rows(buf, x, dt, i0, m, d);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m,
+			    (int)v->d_keep, (int)d, 1.0f, buf, (int)d, s->rot_f32,
+			    (int)d, 0.0f, xr, (int)v->d_keep);
+		for (size_t i = 0; i < m; i++) {
+			group_energy(xr + i * v->d_keep, v->d_keep, v->g, e);
+			for (uint32_t j = 0; j < ng; j++)
+				tot[j] += e[j];
+		}
+	}
+	for (uint32_t j = 0; j < ng; j++)
+		e[j] = (float)tot[j];
+	mkv_topk_mask(e, ng, v->r / v->g, sel, tmp);
+}
+
+/* Select and pack rows [i0, i0+m) whose rotated form is in @xr; @gsel is
+ * the global mask, or NULL for per-vector selection. */
+static void encode_rows(struct mkv_segment *s, const float *xr, size_t i0,
+			size_t m, const uint8_t *gsel)
 {
 	const struct mkv_packed_view *v = &s->v;
 	uint32_t ng = v->d_keep / v->g, kg = v->r / v->g;
 	float e[MKV_MAX_D], tmp[MKV_MAX_D], vals[MKV_MAX_D];
 	uint8_t sel[MKV_MAX_D];
-	if (mode == MKV_SELECT_GLOBAL) {
-		double tot[MKV_MAX_D] = {0};
-		for (size_t i = 0; i < v->n; i++) {
-			group_energy(xr + i * v->d_keep, v->d_keep, v->g, e);
-			for (uint32_t j = 0; j < ng; j++)
-				tot[j] += e[j];
-		}
-		for (uint32_t j = 0; j < ng; j++)
-			e[j] = (float)tot[j];
-		mkv_topk_mask(e, ng, kg, sel, tmp);
-		for (size_t i = 0; i < v->n; i++)
-			pack_vector(s, i, xr + i * v->d_keep, sel, vals);
-		return;
-	}
-	for (size_t i = 0; i < v->n; i++) {
+	for (size_t i = 0; i < m; i++) {
 		const float *row = xr + i * v->d_keep;
-		group_energy(row, v->d_keep, v->g, e);
-		mkv_topk_mask(e, ng, kg, sel, tmp);
-		pack_vector(s, i, row, sel, vals);
+		if (!gsel) {
+			group_energy(row, v->d_keep, v->g, e);
+			mkv_topk_mask(e, ng, kg, sel, tmp);
+		}
+		pack_vector(s, i0 + i, row, gsel ? gsel : sel, vals);
 	}
 }
 
 /* Block min/max over the first S exact rotated channels, rounded outward
- * when stored in bf16 so the bounds stay bounds. */
-static void encode_summaries(struct mkv_segment *s, const float *xr)
+ * when stored in bf16 so the bounds stay bounds.  Rows [i0, i0+m) are in
+ * @xr; i0 is a multiple of b. */
+static void encode_summaries(struct mkv_segment *s, const float *xr, size_t i0,
+			     size_t m)
 {
 	const struct mkv_packed_view *v = &s->v;
 	uint32_t S = v->summary_channels;
 	float mn[MKV_MAX_D], mx[MKV_MAX_D];
-	for (uint32_t j = 0; j < v->n_blocks; j++) {
-		size_t i0 = (size_t)j * v->b;
-		size_t i1 = i0 + v->b < v->n ? i0 + v->b : v->n;
+	for (size_t r0 = 0; r0 < m; r0 += v->b) {
+		size_t r1 = r0 + v->b < m ? r0 + v->b : m;
 		for (uint32_t c = 0; c < S; c++)
-			mn[c] = mx[c] = xr[i0 * v->d_keep + c];
-		for (size_t i = i0 + 1; i < i1; i++)
+			mn[c] = mx[c] = xr[r0 * v->d_keep + c];
+		for (size_t i = r0 + 1; i < r1; i++)
 			for (uint32_t c = 0; c < S; c++) {
 				float x = xr[i * v->d_keep + c];
 				mn[c] = x < mn[c] ? x : mn[c];
 				mx[c] = x > mx[c] ? x : mx[c];
 			}
-		size_t off = (size_t)j * S;
+		size_t off = (i0 + r0) / v->b * S;
 		if (v->store_dtype == MKV_DTYPE_F32) {
 			memcpy((float *)s->sum_min + off, mn, sizeof(float) * S);
 			memcpy((float *)s->sum_max + off, mx, sizeof(float) * S);
@@ -325,37 +369,41 @@ int mkv_segment_encode(const struct mkv_encode_opts *o, const void *x,
 	view_init(&v, (uint32_t)n, d, d_keep, o->r, o->g, o->b, S, o->kind,
 		  o->store_dtype, o->rotate);
 
-	float *X = malloc(sizeof(float) * n * d);
+	float *buf = malloc(sizeof(float) * ENC_CHUNK * d);
+	float *xr = malloc(sizeof(float) * ENC_CHUNK * d_keep);
 	float *R = malloc(sizeof(float) * d_keep * d);
-	float *xr = malloc(sizeof(float) * n * d_keep);
 	struct mkv_segment *s = seg_alloc(&v);
+	uint8_t gsel[MKV_MAX_D];
 	rc = -ENOMEM;
-	if (!X || !R || !xr || !s)
+	if (!buf || !xr || !R || !s)
 		goto fail;
-	rc = -MKV_ENONFINITE;
-	if (!mkv_load_f32(X, x, dt, n * d))
-		goto fail;
-	rc = encode_rotation(o, X, n, d_keep, R);
+	rc = encode_rotation(o, x, dt, n, d_keep, R, buf);
 	if (rc)
 		goto fail;
 	mkv_store(s->rotation, R, v.store_dtype, (size_t)d_keep * d);
 	seg_expand_rotation(s);
-	/* X' = X Rᵀ with the stored (possibly rounded) rotation. */
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)d_keep,
-		    (int)d, 1.0f, X, (int)d, s->rot_f32, (int)d, 0.0f, xr,
-		    (int)d_keep);
-	encode_select(s, xr, o->select);
-	if (o->kind == MKV_KIND_KEY)
-		encode_summaries(s, xr);
-	free(X);
-	free(R);
+	if (o->select == MKV_SELECT_GLOBAL)
+		global_mask(s, x, dt, buf, xr, gsel);
+	for (size_t i0 = 0; i0 < n; i0 += ENC_CHUNK) {
+		size_t m = n - i0 < ENC_CHUNK ? n - i0 : ENC_CHUNK;
+		load_rows(buf, x, dt, i0, m, d); /* checked finite above */
+		/* X' = X Rᵀ with the stored (possibly rounded) rotation. */
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m,
+			    (int)d_keep, (int)d, 1.0f, buf, (int)d, s->rot_f32,
+			    (int)d, 0.0f, xr, (int)d_keep);
+		encode_rows(s, xr, i0, m, o->select == MKV_SELECT_GLOBAL ? gsel : NULL);
+		if (o->kind == MKV_KIND_KEY)
+			encode_summaries(s, xr, i0, m);
+	}
+	free(buf);
 	free(xr);
+	free(R);
 	*out = s;
 	return 0;
 fail:
-	free(X);
-	free(R);
+	free(buf);
 	free(xr);
+	free(R);
 	mkv_segment_destroy(s);
 	return rc;
 }

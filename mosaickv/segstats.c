@@ -134,12 +134,6 @@ int mkv_segstats_create(const struct mkv_strategy_opts *o,
 	return 0;
 }
 
-static int cmp_desc(const void *a, const void *b)
-{
-	float x = *(const float *)a, y = *(const float *)b;
-	return (x < y) - (x > y);
-}
-
 /* Sum of squares of the last @b rows in the block buffer about their mean. */
 static double block_ss(const float *blk, uint32_t first, uint32_t b, uint32_t S)
 {
@@ -188,7 +182,7 @@ static void track(struct mkv_segstats *st, const float *x, size_t n)
 					acc += row[j * g + t] * row[j * g + t];
 				e[j] = acc;
 			}
-			qsort(e, ng, sizeof(float), cmp_desc);
+			mkv_sort_desc(e, ng);
 			for (uint32_t j = 0; j < ng; j++)
 				st->rank[gi][j] += e[j];
 		}
