@@ -1,0 +1,78 @@
+"""The ctypes binding against numpy references; run by meson test.
+
+Skips (exit 77) when numpy is missing, fails on any mismatch."""
+import os
+import sys
+
+try:
+    import numpy as np
+except ImportError:
+    print("numpy not installed: skipping")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+import mosaickv as mkv  # noqa: E402
+
+
+def softmax_attention(q, k, v):
+    s = (q.astype(np.float64) @ k.T.astype(np.float64)) / np.sqrt(q.shape[1])
+    s -= s.max(axis=1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=1, keepdims=True)
+    return p @ v.astype(np.float64)
+
+
+def main():
+    rng = np.random.default_rng()
+    failures = 0
+
+    def check(cond, what):
+        nonlocal failures
+        if not cond:
+            failures += 1
+            print("FAIL:", what)
+
+    for d in (64, 128):
+        k = rng.standard_normal((700, d)).astype(np.float32)
+        v = rng.standard_normal((700, d)).astype(np.float32)
+        q = rng.standard_normal((3, d)).astype(np.float32)
+        ref = softmax_attention(q, k, v)
+        out = mkv.attend_dense(q, k, v)
+        check(np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5, f"dense d={d}")
+        # r = d, f32 storage, every block: PackedAttention is exact.
+        ks = [mkv.Segment(k[:400], kind="key", r=d, store="f32"),
+              mkv.Segment(k[400:650], kind="key", r=d, store="f32")]
+        vs = [mkv.Segment(v[:400], kind="value", r=d, store="f32"),
+              mkv.Segment(v[400:650], kind="value", r=d, store="f32")]
+        out, st = mkv.attend_packed(q, ks, vs, k[650:], v[650:], token_frac=1.0)
+        check(np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5, f"packed exact d={d}")
+        check(st["tokens_attended"] == 700, f"packed attended all d={d}")
+        # Decoding in rotated space keeps exactly r elements per vector,
+        # the largest of X' = X Rᵀ computed here.
+        s = mkv.Segment(k, kind="key", r=d // 4, store="f32")
+        view = s.view()
+        xr = s.decode("rotated")
+        check(((xr != 0).sum(axis=1) == d // 4).all(), f"r kept d={d}")
+        R = np.empty((view["d_keep"], d), dtype=np.float32)
+        mkv._L.mkv_segment_rotation(s.handle, R.ctypes.data)
+        full = k.astype(np.float64) @ R.T.astype(np.float64)
+        top = np.argsort(-np.abs(full), axis=1)[:, : d // 4]
+        mask = np.zeros_like(full, dtype=bool)
+        np.put_along_axis(mask, top, True, axis=1)
+        check(((xr != 0) == mask).mean() > 0.999, f"top-r set d={d}")
+    try:
+        mkv.Segment(np.full((10, 64), np.nan, dtype=np.float32))
+        check(False, "NaN accepted")
+    except mkv.MosaicError as e:
+        check("NaN" in str(e), "NaN error text")
+    try:
+        mkv.Segment(np.zeros((10, 64), dtype=np.float32), r=0)
+        check(False, "r=0 accepted")
+    except mkv.MosaicError as e:
+        check(e.errno == 22, "r=0 gives EINVAL")
+    print(f"{'ok' if not failures else 'FAILED'}: python binding ({failures} failures)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
