@@ -379,12 +379,13 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 	}
 }
 
-/* Decode packed vector @i of @s into d_keep floats (rotated space). */
-static void unpack_row(const struct mkv_segment *s, size_t i, float *dst)
+/* Decode row @t of a block whose packed values and bitmaps start at
+ * @vals/@bms into d_keep floats (rotated space). */
+static void unpack_block_row(const struct mkv_packed_view *v, const void *vals,
+			     const uint8_t *bms, uint32_t t, float *dst)
 {
-	const struct mkv_packed_view *v = &s->v;
-	const uint8_t *bm = s->bitmaps + i * v->bitmap_bytes;
-	size_t base = i * v->r;
+	const uint8_t *bm = bms + (size_t)t * v->bitmap_bytes;
+	size_t base = (size_t)t * v->r;
 	uint32_t k = 0;
 	memset(dst, 0, sizeof(float) * v->d_keep);
 	for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
@@ -392,77 +393,66 @@ static void unpack_row(const struct mkv_segment *s, size_t i, float *dst)
 		while (bits) {
 			uint32_t j = byte * 8 + (uint32_t)__builtin_ctz(bits);
 			bits &= bits - 1;
-			for (uint32_t t = 0; t < v->g; t++)
-				dst[j * v->g + t] = mkv_elem(s->values, v->store_dtype, base + k++);
+			for (uint32_t u = 0; u < v->g; u++)
+				dst[j * v->g + u] = mkv_elem(vals, v->store_dtype, base + k++);
 		}
 	}
 }
 
-int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
-		      const struct mkv_segment *const *k,
-		      const struct mkv_segment *const *v, size_t nseg,
-		      const struct mkv_dense_kv *win, float *out,
-		      struct mkv_attn_stats *st)
+int attend_blocks(const struct mkv_attn_opts *o, const float *q,
+		  const struct attn_src *src, size_t nsrc,
+		  const struct mkv_dense_kv *win, float *out,
+		  struct mkv_attn_stats *st)
 {
-	int rc = attn_opts_check(o, q);
+	uint32_t d = o->d, nq = o->n_q;
+	size_t nw = win ? win->n : 0;
+	struct scratch s;
+	int rc = scratch_init(&s, o);
 	if (rc)
 		return rc;
-	size_t n_hist, nb, nw = win ? win->n : 0;
-	if (!out || dense_check(win))
-		return -EINVAL;
-	if ((rc = packed_check(o, k, v, nseg, &n_hist, &nb)))
-		return rc;
-	if (n_hist + nw == 0)
-		return -EINVAL;
-	uint32_t d = o->d, nq = o->n_q;
-	struct scratch s;
-	if ((rc = scratch_init(&s, o)))
-		return rc;
-	struct cand *c = malloc(sizeof(*c) * (nb ? nb : 1));
-	uint8_t *mask = malloc(nb ? nb : 1);
 	float *qr = malloc(sizeof(float) * nq * d);
 	float *pacc = malloc(sizeof(float) * nq * d); /* rotated-V accumulators */
 	float *po = malloc(sizeof(float) * nq * d);   /* back-rotated partials */
 	rc = -ENOMEM;
-	if (!c || !mask || !qr || !pacc || !po)
+	if (!qr || !pacc || !po)
 		goto out;
-	score_all(o, q, k, nseg, c, qr);
-	size_t nsel = select_blocks(c, nb, n_hist, o->token_frac, mask);
-
 	float scale = attn_scale(o);
-	size_t ci = 0, toks = 0, bytes = 0;
-	for (size_t i = 0; i < nseg; i++) {
-		const struct mkv_segment *ks = k[i], *vs = v[i];
-		const struct mkv_packed_view *kv = &ks->v, *vv = &vs->v;
+	size_t toks = 0, bytes = 0, nsel = 0, nb = 0;
+	for (size_t i = 0; i < nsrc; i++) {
+		const struct attn_src *a = &src[i];
+		const struct mkv_packed_view *kv = &a->k->v, *vv = &a->v->v;
 		size_t kes = mkv_dtype_size(kv->store_dtype);
 		size_t ves = mkv_dtype_size(vv->store_dtype);
 		bytes += 2 * (size_t)kv->n_blocks * kv->summary_channels * kes;
+		nb += kv->n_blocks;
+		nsel += a->n_sel;
+		if (!a->n_sel)
+			continue;
 		size_t seg_toks = 0;
 		for (uint32_t h = 0; h < nq; h++)
 			osm_init(&s.part[h], pacc + (size_t)h * vv->d_keep, vv->d_keep);
-		rotate_queries(o, q, ks, kv->d_keep, qr);
-		for (uint32_t j = 0; j < kv->n_blocks; j++, ci++) {
-			if (!mask[ci])
-				continue;
+		rotate_queries(o, q, a->k, kv->d_keep, qr);
+		for (uint32_t bi = 0; bi < a->n_sel; bi++) {
+			uint32_t j = a->blocks[bi];
 			uint32_t i0 = j * kv->b;
-			uint32_t i1 = i0 + kv->b < kv->n ? i0 + kv->b : kv->n;
-			for (uint32_t t = i0; t < i1; t++) {
-				unpack_row(ks, t, s.kbuf);
-				unpack_row(vs, t, s.vbuf);
+			uint32_t rows = kv->n - i0 < kv->b ? kv->n - i0 : kv->b;
+			for (uint32_t t = 0; t < rows; t++) {
+				unpack_block_row(kv, a->kaddr[bi].values,
+						 a->kaddr[bi].bitmaps, t, s.kbuf);
+				unpack_block_row(vv, a->vaddr[bi].values,
+						 a->vaddr[bi].bitmaps, t, s.vbuf);
 				for (uint32_t h = 0; h < nq; h++) {
 					float sc = scale * dot(qr + (size_t)h * kv->d_keep,
 							       s.kbuf, kv->d_keep);
 					osm_push(&s.part[h], sc, s.vbuf, vv->d_keep);
 				}
 			}
-			seg_toks += i1 - i0;
+			seg_toks += rows;
 		}
-		if (!seg_toks)
-			continue;
 		/* One inverse V rotation per segment: o = o' R_v. */
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq,
 			    (int)d, (int)vv->d_keep, 1.0f, pacc, (int)vv->d_keep,
-			    vs->rot_f32, (int)d, 0.0f, po, (int)d);
+			    a->v->rot_f32, (int)d, 0.0f, po, (int)d);
 		for (uint32_t h = 0; h < nq; h++)
 			osm_merge(&s.tot[h], s.part[h].m, s.part[h].l,
 				  po + (size_t)h * d, d);
@@ -490,12 +480,98 @@ int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
 	}
 	rc = 0;
 out:
-	free(c);
-	free(mask);
 	free(qr);
 	free(pacc);
 	free(po);
 	free(s.mem);
+	return rc;
+}
+
+int attn_select(const struct mkv_attn_opts *o, const float *q,
+		const struct mkv_segment *const *k, size_t nseg, uint8_t *mask)
+{
+	size_t n_hist = 0, nb = 0;
+	for (size_t i = 0; i < nseg; i++) {
+		n_hist += k[i]->v.n;
+		nb += k[i]->v.n_blocks;
+	}
+	if (nb > UINT32_MAX)
+		return -EINVAL;
+	struct cand *c = malloc(sizeof(*c) * (nb ? nb : 1));
+	float *qr = malloc(sizeof(float) * o->n_q * o->d);
+	if (!c || !qr) {
+		free(c);
+		free(qr);
+		return -ENOMEM;
+	}
+	score_all(o, q, k, nseg, c, qr);
+	select_blocks(c, nb, n_hist, o->token_frac, mask);
+	free(c);
+	free(qr);
+	return 0;
+}
+
+int attn_check(const struct mkv_attn_opts *o, const float *q)
+{
+	return attn_opts_check(o, q);
+}
+
+int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
+		      const struct mkv_segment *const *k,
+		      const struct mkv_segment *const *v, size_t nseg,
+		      const struct mkv_dense_kv *win, float *out,
+		      struct mkv_attn_stats *st)
+{
+	int rc = attn_opts_check(o, q);
+	if (rc)
+		return rc;
+	size_t n_hist, nb, nw = win ? win->n : 0;
+	if (!out || dense_check(win))
+		return -EINVAL;
+	if ((rc = packed_check(o, k, v, nseg, &n_hist, &nb)))
+		return rc;
+	if (n_hist + nw == 0)
+		return -EINVAL;
+	uint8_t *mask = malloc(nb ? nb : 1);
+	struct attn_src *src = calloc(nseg ? nseg : 1, sizeof(*src));
+	uint32_t *blocks = malloc(sizeof(uint32_t) * (nb ? nb : 1));
+	struct blk_addr *ka = malloc(sizeof(*ka) * (nb ? nb : 1));
+	struct blk_addr *va = malloc(sizeof(*va) * (nb ? nb : 1));
+	rc = -ENOMEM;
+	if (!mask || !src || !blocks || !ka || !va)
+		goto out;
+	if ((rc = attn_select(o, q, k, nseg, mask)))
+		goto out;
+	/* In-memory segments: every block's address is in place. */
+	size_t ci = 0, w = 0;
+	for (size_t i = 0; i < nseg; i++) {
+		const struct mkv_packed_view *kv = &k[i]->v, *vv = &v[i]->v;
+		size_t kes = mkv_dtype_size(kv->store_dtype);
+		size_t ves = mkv_dtype_size(vv->store_dtype);
+		src[i] = (struct attn_src){.k = k[i], .v = v[i], .blocks = blocks + w,
+					   .kaddr = ka + w, .vaddr = va + w};
+		for (uint32_t j = 0; j < kv->n_blocks; j++, ci++) {
+			if (!mask[ci])
+				continue;
+			size_t r0 = (size_t)j * kv->b;
+			blocks[w] = j;
+			ka[w] = (struct blk_addr){
+				.values = (const char *)k[i]->values + r0 * kv->r * kes,
+				.bitmaps = k[i]->bitmaps + r0 * kv->bitmap_bytes};
+			va[w] = (struct blk_addr){
+				.values = (const char *)v[i]->values + r0 * vv->r * ves,
+				.bitmaps = v[i]->bitmaps + r0 * vv->bitmap_bytes};
+			src[i].n_sel++;
+			w++;
+		}
+	}
+	rc = attend_blocks(o, q, src, nseg, win, out, st);
+out:
+	free(mask);
+	free(src);
+	free(blocks);
+	free(ka);
+	free(va);
 	return rc;
 }
 

@@ -20,6 +20,46 @@ struct mkv_segment {
 	float *rot_f32; /* rotation expanded to float once, d_keep × d */
 };
 
+/*
+ * Growable segments (segment.c), for the update buffer of a decode segment.
+ * Created empty with o->rotation (required) fixing the strategy; each
+ * append compresses rows at once.  *cap is the caller-held row capacity
+ * (start at 0).  Returns 0, -EINVAL, -MKV_ENONFINITE (nothing appended),
+ * -ENOSPC past MKV_MAX_N rows, -ENOMEM (nothing appended).
+ */
+MKV_HIDDEN int seg_grow_create(const struct mkv_encode_opts *o,
+			       struct mkv_segment **out);
+MKV_HIDDEN int seg_grow_append(struct mkv_segment *s, size_t *cap,
+			       const float *x, size_t n);
+
+/*
+ * Attention over selected blocks wherever they are (attention.c).  @k and
+ * @v give the segments' shape, rotation and summaries (their values and
+ * bitmaps need not be present); block @blocks[i] of the segment has its
+ * packed K at kaddr[i] and V at vaddr[i].  Blocks ascending.
+ */
+struct blk_addr {
+	const void *values;
+	const uint8_t *bitmaps;
+};
+struct attn_src {
+	const struct mkv_segment *k, *v;
+	uint32_t n_sel;
+	const uint32_t *blocks;
+	const struct blk_addr *kaddr, *vaddr;
+};
+MKV_HIDDEN int attend_blocks(const struct mkv_attn_opts *o, const float *q,
+			     const struct attn_src *src, size_t nsrc,
+			     const struct mkv_dense_kv *win, float *out,
+			     struct mkv_attn_stats *st);
+/* The selection of mkv_attend_packed over @k[0..nseg): mask[] per block in
+ * (seg, block) order.  Returns 0, -EINVAL, -ENOMEM. */
+MKV_HIDDEN int attn_select(const struct mkv_attn_opts *o, const float *q,
+			   const struct mkv_segment *const *k, size_t nseg,
+			   uint8_t *mask);
+/* Validate attention options and queries as the public entries do. */
+MKV_HIDDEN int attn_check(const struct mkv_attn_opts *o, const float *q);
+
 /* dtype.c */
 MKV_HIDDEN bool mkv_dtype_valid(enum mkv_dtype dt);
 MKV_HIDDEN float mkv_bf16_to_f32(uint16_t h);
@@ -73,6 +113,11 @@ MKV_HIDDEN void mkv_sort_desc(float *v, uint32_t n);
  * double, full symmetric).  Returns 0 or -ENOMEM (cov untouched). */
 MKV_HIDDEN int mkv_cov_accumulate(double *cov, const float *x, size_t n,
 				   uint32_t d);
+/* As mkv_cov_accumulate, with exact products and double sums throughout
+ * (for the incremental statistics, whose results must not depend on how
+ * the vectors were chunked).  @cov must be symmetric on entry. */
+MKV_HIDDEN int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n,
+				      uint32_t d);
 /* Eigenvectors of the d × d covariance as rows of @R (float), eigenvalues
  * descending into @eig (may be NULL).  Returns 0, -MKV_ELAPACK, -ENOMEM. */
 MKV_HIDDEN int mkv_eigen_rows(const double *cov, uint32_t d, float *R,

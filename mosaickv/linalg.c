@@ -33,6 +33,27 @@ int mkv_cov_accumulate(double *cov, const float *x, size_t n, uint32_t d)
 	return 0;
 }
 
+int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n, uint32_t d)
+{
+	double *xd = malloc(sizeof(double) * COV_CHUNK * d);
+	if (!xd)
+		return -ENOMEM;
+	for (size_t i0 = 0; i0 < n; i0 += COV_CHUNK) {
+		size_t m = n - i0 < COV_CHUNK ? n - i0 : COV_CHUNK;
+		for (size_t i = 0; i < m * d; i++)
+			xd[i] = x[i0 * d + i];
+		/* Products of floats are exact in double; only the sums round. */
+		cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)d, (int)m,
+			    1.0, xd, (int)d, 1.0, cov, (int)d);
+	}
+	/* Mirror the upper triangle: readers use the full matrix. */
+	for (uint32_t a = 0; a < d; a++)
+		for (uint32_t b = a + 1; b < d; b++)
+			cov[b * d + a] = cov[a * d + b];
+	free(xd);
+	return 0;
+}
+
 int mkv_eigen_rows(const double *cov, uint32_t d, float *R, double *eig)
 {
 	double *a = malloc(sizeof(double) * d * d);

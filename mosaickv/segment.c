@@ -487,8 +487,8 @@ int mkv_segment_rotation(const struct mkv_segment *s, float *R)
 /* ---------------------------------------------------------------------- */
 /* Serialization.  Layout: header, then values, bitmaps, rotation, sum_min,
  * sum_max, each starting on a 16-byte boundary.  The checksum is XXH3-64
- * over the payload, seeded with XXH3-64 of the header up to the checksum
- * field, so any flipped bit anywhere is caught. */
+ * over everything after the checksum field, seeded with XXH3-64 of the
+ * header before it. */
 
 #define SEG_MAGIC "MKVSEG\r\n"
 #define SEG_VERSION 1u
@@ -520,10 +520,12 @@ static size_t serialized_len(const struct mkv_packed_view *v, size_t off[5])
 	return pos;
 }
 
+/* Every byte but the checksum field itself, padding included: a flipped
+ * bit anywhere must be caught. */
 static uint64_t seg_checksum(const void *buf, size_t len)
 {
 	uint64_t seed = XXH3_64bits(buf, offsetof(struct seg_hdr, checksum));
-	size_t h = align16(sizeof(struct seg_hdr));
+	size_t h = offsetof(struct seg_hdr, checksum) + sizeof(uint64_t);
 	return XXH3_64bits_withSeed((const char *)buf + h, len - h, seed);
 }
 
@@ -630,5 +632,134 @@ int mkv_segment_deserialize(const void *buf, size_t len, struct mkv_segment **ou
 		return -MKV_ECORRUPT;
 	}
 	*out = s;
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Growable segments: the update buffer of a decode segment.  Rows arrive
+ * one step at a time and are compressed at once with a fixed strategy
+ * (rotation, r, g, b); the segment is readable by every reader of struct
+ * mkv_segment between appends. */
+
+int seg_grow_create(const struct mkv_encode_opts *o, struct mkv_segment **out)
+{
+	uint32_t d_keep, S;
+	if (!o || !out || !o->rotation)
+		return -EINVAL;
+	/* n = 1 validates everything but the length. */
+	int rc = encode_opts_check(o, MKV_DTYPE_F32, 1, &d_keep, &S);
+	if (rc)
+		return rc;
+	if (!mkv_all_finite(o->rotation, (size_t)d_keep * o->d))
+		return -MKV_ENONFINITE;
+	struct mkv_packed_view v;
+	view_init(&v, o->b, o->d, d_keep, o->r, o->g, o->b, S, o->kind,
+		  o->store_dtype, 1);
+	struct mkv_segment *s = seg_alloc(&v); /* capacity: one block */
+	if (!s)
+		return -ENOMEM;
+	float *R = malloc(sizeof(float) * d_keep * o->d);
+	if (!R) {
+		mkv_segment_destroy(s);
+		return -ENOMEM;
+	}
+	memcpy(R, o->rotation, sizeof(float) * d_keep * o->d);
+	mkv_store(s->rotation, R, v.store_dtype, (size_t)d_keep * o->d);
+	free(R);
+	seg_expand_rotation(s);
+	s->v.n = 0;
+	s->v.n_blocks = 0;
+	*out = s;
+	return 0;
+}
+
+/* Capacity in rows: the allocation made for v.n_blocks * b rows; tracked
+ * through the block count the arrays were sized for. */
+static int seg_grow_reserve(struct mkv_segment *s, size_t rows, size_t *cap)
+{
+	if (rows <= *cap)
+		return 0;
+	size_t ncap = *cap ? *cap : s->v.b;
+	while (ncap < rows)
+		ncap *= 2;
+	if (ncap > MKV_MAX_N)
+		ncap = MKV_MAX_N;
+	if (rows > ncap)
+		return -ENOSPC;
+	size_t es = mkv_dtype_size(s->v.store_dtype);
+	size_t nb = (ncap + s->v.b - 1) / s->v.b;
+	void *val = realloc(s->values, ncap * s->v.r * es);
+	if (!val)
+		return -ENOMEM;
+	s->values = val;
+	uint8_t *bm = realloc(s->bitmaps, ncap * s->v.bitmap_bytes);
+	if (!bm)
+		return -ENOMEM;
+	s->bitmaps = bm;
+	if (s->v.kind == MKV_KIND_KEY) {
+		size_t sb = nb * s->v.summary_channels * es;
+		void *mn = realloc(s->sum_min, sb);
+		if (!mn)
+			return -ENOMEM;
+		s->sum_min = mn;
+		void *mx = realloc(s->sum_max, sb);
+		if (!mx)
+			return -ENOMEM;
+		s->sum_max = mx;
+	}
+	s->v.values = s->values;
+	s->v.bitmaps = s->bitmaps;
+	s->v.sum_min = s->sum_min;
+	s->v.sum_max = s->sum_max;
+	*cap = ncap;
+	return 0;
+}
+
+int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
+		    size_t n)
+{
+	if (!s || !cap || !x || n == 0)
+		return -EINVAL;
+	const struct mkv_packed_view *v = &s->v;
+	if (!mkv_all_finite(x, n * v->d))
+		return -MKV_ENONFINITE;
+	if (v->n + n > MKV_MAX_N)
+		return -ENOSPC;
+	int rc = seg_grow_reserve(s, v->n + n, cap);
+	if (rc)
+		return rc;
+	float xr[MKV_MAX_D], e[MKV_MAX_D], tmp[MKV_MAX_D], vals[MKV_MAX_D];
+	uint8_t sel[MKV_MAX_D];
+	uint32_t ng = v->d_keep / v->g, kg = v->r / v->g, S = v->summary_channels;
+	size_t es = mkv_dtype_size(v->store_dtype);
+	for (size_t t = 0; t < n; t++) {
+		size_t i = v->n;
+		cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)v->d_keep, (int)v->d,
+			    1.0f, s->rot_f32, (int)v->d, x + t * v->d, 1, 0.0f, xr, 1);
+		group_energy(xr, v->d_keep, v->g, e);
+		mkv_topk_mask(e, ng, kg, sel, tmp);
+		memset(s->bitmaps + i * v->bitmap_bytes, 0, v->bitmap_bytes);
+		pack_vector(s, i, xr, sel, vals);
+		if (v->kind == MKV_KIND_KEY) {
+			/* Widen the current block's bounds; a new block
+			 * starts at this row's values. */
+			size_t off = i / v->b * S;
+			bool first = i % v->b == 0;
+			for (uint32_t c = 0; c < S; c++) {
+				float lo = first ? xr[c] : fminf(xr[c], mkv_elem(s->sum_min, v->store_dtype, off + c));
+				float hi = first ? xr[c] : fmaxf(xr[c], mkv_elem(s->sum_max, v->store_dtype, off + c));
+				if (v->store_dtype == MKV_DTYPE_F32) {
+					((float *)s->sum_min)[off + c] = lo;
+					((float *)s->sum_max)[off + c] = hi;
+				} else {
+					((uint16_t *)s->sum_min)[off + c] = mkv_f32_to_bf16_down(lo);
+					((uint16_t *)s->sum_max)[off + c] = mkv_f32_to_bf16_up(hi);
+				}
+			}
+		}
+		s->v.n++;
+		s->v.n_blocks = (s->v.n + v->b - 1) / v->b;
+	}
+	(void)es;
 	return 0;
 }

@@ -158,9 +158,12 @@ static void track(struct mkv_segstats *st, const float *x, size_t n)
 	const float *xr = x;
 	uint32_t ld = d;
 	if (st->R) {
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)dk,
-			    (int)d, 1.0f, x, (int)d, st->R, (int)d, 0.0f, st->xr,
-			    (int)dk);
+		/* Row by row, so a vector's rotated form (and every loss) is
+		 * the same whether it arrived alone or in a chunk. */
+		for (size_t i = 0; i < n; i++)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)dk, (int)d,
+				    1.0f, st->R, (int)d, x + i * d, 1, 0.0f,
+				    st->xr + i * dk, 1);
 		xr = st->xr;
 		ld = dk;
 	}
@@ -219,7 +222,7 @@ int mkv_segstats_append(struct mkv_segstats *st, const void *x,
 	for (size_t i0 = 0; i0 < n; i0 += TRACK_CHUNK) {
 		size_t m = n - i0 < TRACK_CHUNK ? n - i0 : TRACK_CHUNK;
 		mkv_load_f32(st->xbuf, (const char *)x + i0 * d * es, dt, m * d);
-		int rc = mkv_cov_accumulate(st->cov, st->xbuf, m, st->d);
+		int rc = mkv_cov_accumulate_f64(st->cov, st->xbuf, m, st->d);
 		if (rc)
 			return rc; /* only possible on the first chunk's scratch */
 		track(st, st->xbuf, m);
@@ -389,7 +392,7 @@ int mkv_strategy_choose(const struct mkv_strategy_opts *o, const void *x,
 	rc = -MKV_ENONFINITE;
 	if (!mkv_load_f32(X, x, dt, n * d))
 		goto out;
-	rc = mkv_cov_accumulate(st->cov, X, n, o->d);
+	rc = mkv_cov_accumulate_f64(st->cov, X, n, o->d);
 	if (rc)
 		goto out;
 	st->count = n;
