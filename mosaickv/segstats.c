@@ -33,6 +33,7 @@ struct mkv_segstats {
 	float *R;         /* d × d current rotation, NULL = identity */
 	size_t tracked;   /* vectors in the tables below */
 	double energy;    /* Σ ‖x‖² of tracked vectors */
+	double dropped;   /* Σ of their energy in the dropped rotated channels */
 	double *rank[N_G];/* rank[gi][j]: Σ of each vector's (j+1)-th largest
 			   * group energy, j < d_keep / g */
 	float *blk;       /* BMAX × S rotated summary channels of the current
@@ -96,6 +97,7 @@ static void tables_clear(struct mkv_segstats *st)
 {
 	st->tracked = 0;
 	st->energy = 0.0;
+	st->dropped = 0.0;
 	for (int i = 0; i < N_G; i++)
 		memset(st->rank[i], 0, sizeof(double) * (st->d_keep / g_of[i]));
 	memset(st->within, 0, sizeof(st->within));
@@ -159,21 +161,25 @@ static void track(struct mkv_segstats *st, const float *x, size_t n)
 	uint32_t ld = d;
 	if (st->R) {
 		/* Row by row, so a vector's rotated form (and every loss) is
-		 * the same whether it arrived alone or in a chunk. */
+		 * the same whether it arrived alone or in a chunk.  All d rows:
+		 * the dropped channels' energy is summed directly rather than
+		 * as a difference, which would cancel to noise at small loss. */
 		for (size_t i = 0; i < n; i++)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)dk, (int)d,
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)d, (int)d,
 				    1.0f, st->R, (int)d, x + i * d, 1, 0.0f,
-				    st->xr + i * dk, 1);
+				    st->xr + i * d, 1);
 		xr = st->xr;
-		ld = dk;
 	}
 	float e[MKV_MAX_D];
 	for (size_t i = 0; i < n; i++) {
 		const float *row = xr + i * ld;
-		double en = 0.0;
+		double en = 0.0, dr = 0.0;
 		for (uint32_t c = 0; c < d; c++)
 			en += (double)x[i * d + c] * x[i * d + c];
+		for (uint32_t c = dk; c < d; c++)
+			dr += (double)row[c] * row[c];
 		st->energy += en;
+		st->dropped += dr;
 		for (int gi = 0; gi < N_G; gi++) {
 			uint32_t g = g_of[gi];
 			if (!(st->o.g_mask & (1u << g)))
@@ -273,15 +279,17 @@ static int gi_of(uint32_t g)
 	return -1;
 }
 
+/* Relative loss of keeping the k largest groups: the energy of the other
+ * groups (a tail of the rank table) and of the dropped channels, summed
+ * directly, over the total. */
 static double loss_at(const struct mkv_segstats *st, int gi, uint32_t k)
 {
 	if (st->energy <= 0.0)
 		return 0.0;
-	double kept = 0.0;
-	for (uint32_t j = 0; j < k; j++)
-		kept += st->rank[gi][j];
-	double lost = st->energy - kept;
-	return lost > 0.0 ? sqrt(lost / st->energy) : 0.0;
+	double lost = st->dropped;
+	for (uint32_t j = k; j < st->d_keep / g_of[gi]; j++)
+		lost += st->rank[gi][j];
+	return sqrt(lost / st->energy);
 }
 
 int mkv_segstats_loss(const struct mkv_segstats *st, uint32_t r, uint32_t g,
@@ -305,11 +313,8 @@ int mkv_segstats_choose(const struct mkv_segstats *st, struct mkv_strategy *s)
 		if (!(st->o.g_mask & (1u << g)))
 			continue;
 		uint32_t ng = st->d_keep / g;
-		double kept = 0.0;
 		for (uint32_t k = 1; k <= ng; k++) {
-			kept += st->rank[gi][k - 1];
-			double lost = st->energy - kept;
-			double l = st->energy > 0 && lost > 0 ? sqrt(lost / st->energy) : 0.0;
+			double l = loss_at(st, gi, k);
 			if (l > st->o.loss_threshold)
 				continue;
 			/* bf16 values plus the bitmap; a larger g wins ties
@@ -348,7 +353,9 @@ int mkv_segstats_choose(const struct mkv_segstats *st, struct mkv_strategy *s)
 		uint32_t b = b_of[bi];
 		if (!(st->o.b_mask & b))
 			continue;
-		double share = 0.0;
+		/* No complete block of this size yet: no evidence it fits, so
+		 * it is taken only when no size with evidence qualifies. */
+		double share = st->within_n[bi] ? 0.0 : INFINITY;
 		if (st->within_n[bi] && per_token > 0)
 			share = st->within[bi] / st->within_n[bi] / per_token;
 		if (share <= st->o.var_threshold) {

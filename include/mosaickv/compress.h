@@ -91,7 +91,8 @@ struct mkv_segment; /* opaque: one encoded, packed segment */
  *   -EINVAL        a NULL pointer, a wrong options size, n == 0 or
  *                  n > MKV_MAX_N, an unsupported d, g, b, dtype, kind or
  *                  select, r == 0, r > d_keep, r not a multiple of g, a
- *                  summary_channels > d_keep, or rotate == 0 with a rotation;
+ *                  summary_channels > d_keep (or != 0 for a VALUE
+ *                  segment), or rotate == 0 with a rotation;
  *   -MKV_ENONFINITE the input (or the given rotation) holds NaN or Inf;
  *   -MKV_ELAPACK   the eigen-solver failed;
  *   -ENOMEM        out of memory.
@@ -226,7 +227,8 @@ struct mkv_strategy {
 	double loss;        /* relative reconstruction error at (r, g) */
 	double block_var;   /* within-block variance share at b */
 	uint32_t met;       /* 1 if loss <= threshold; 0 if no (r, g) could
-	                     * meet it (then r = d_keep, g = 1) */
+	                     * meet it (then r = d_keep and g is the smallest
+	                     * allowed group size) */
 };
 
 struct mkv_segstats; /* opaque: incremental statistics of a growing segment */
@@ -289,6 +291,9 @@ MKV_API int mkv_segstats_loss(const struct mkv_segstats *st, uint32_t r,
  * vector (r values + bitmap); ties go to the larger g, then the smaller r.
  * b is the largest allowed block size whose within-block variance share
  * meets the variance threshold (the smallest allowed one if none does).
+ * The share is measured over the complete blocks of each size (per token,
+ * against the variance over all tracked tokens); a size with no complete
+ * block yet counts as not meeting it.
  * Returns 0, -EINVAL (NULL, or no tracked vectors).
  */
 MKV_API int mkv_segstats_choose(const struct mkv_segstats *st,
