@@ -6,5 +6,6 @@
 #include <mosaickv/common.h>
 #include <mosaickv/compress.h>
 #include <mosaickv/attention.h>
+#include <mosaickv/store.h>
 
 #endif

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Every test: install what is missing, build, run the whole suite, then the
-# same suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# same suite again under AddressSanitizer + UndefinedBehaviorSanitizer, and
+# the concurrent sequence tests under ThreadSanitizer.
 # GPU tests skip on machines without a usable GPU.  The last line is
 # "N passed, N failed, N skipped" over both runs.
 set -eu
@@ -11,6 +12,10 @@ sh scripts/build.sh build
 # and the CPU paths are what the sanitizers are for.
 sh scripts/build.sh build-asan -Dcuda=disabled -Dbench=false \
     -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+# ThreadSanitizer: only the 'tsan' suite runs there (Criterion itself
+# cannot run under TSan; see tests/seq/meson.build).
+sh scripts/build.sh build-tsan -Dcuda=disabled -Dbench=false \
+    -Db_sanitize=thread -Dbuildtype=debugoptimized
 
 status=0
 meson test -C build --print-errorlogs --num-processes 2 || status=1
@@ -18,7 +23,10 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --print-errorlogs --num-processes 2 || status=1
 
-python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
+meson test -C build-tsan --suite tsan --print-errorlogs || status=1
+
+python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
+    build-tsan/meson-logs/testlog.json <<'PY'
 import json, sys
 count = {"OK": 0, "FAIL": 0, "SKIP": 0}
 for path in sys.argv[1:]:

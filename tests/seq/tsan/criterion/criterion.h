@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A minimal stand-in for <criterion/criterion.h>, used only to run the
+ * sequence tests under ThreadSanitizer: Criterion's fork arena cannot be
+ * set up under TSan (Snaipe/Criterion#274), so the TSan build compiles the
+ * same test source against this header and runs every test in-process.
+ * Supports what tests/seq and the store stress test use: Test(),
+ * cr_assert(), cr_assert_eq/gt/leq(), cr_skip_test().
+ */
+#ifndef MKV_MINI_CRITERION_H
+#define MKV_MINI_CRITERION_H
+#include <stdio.h>
+#include <stdlib.h>
+
+struct mini_test {
+	const char *suite, *name;
+	void (*fn)(void);
+};
+extern struct mini_test mini_tests[64];
+extern int mini_ntests;
+
+#define Test(suite, name, ...)                                                 \
+	static void suite##_##name(void);                                      \
+	__attribute__((constructor)) static void mini_reg_##suite##_##name(void) \
+	{                                                                      \
+		mini_tests[mini_ntests++] =                                    \
+			(struct mini_test){#suite, #name, suite##_##name};     \
+	}                                                                      \
+	static void suite##_##name(void)
+
+#define cr_assert(cond, ...)                                                   \
+	do {                                                                   \
+		if (!(cond)) {                                                 \
+			fprintf(stderr, "%s:%d: assertion failed: %s\n  ",    \
+				__FILE__, __LINE__, #cond);                    \
+			fprintf(stderr, "" __VA_ARGS__);                       \
+			fprintf(stderr, "\n");                                 \
+			exit(1);                                               \
+		}                                                              \
+	} while (0)
+#define cr_assert_eq(a, b, ...) cr_assert((a) == (b), __VA_ARGS__)
+#define cr_assert_gt(a, b, ...) cr_assert((a) > (b), __VA_ARGS__)
+#define cr_assert_leq(a, b, ...) cr_assert((a) <= (b), __VA_ARGS__)
+#define cr_skip_test(...)                                                      \
+	do {                                                                   \
+		fprintf(stderr, "skipped: " __VA_ARGS__);                      \
+		fprintf(stderr, "\n");                                         \
+		return;                                                        \
+	} while (0)
+#endif
