@@ -7,5 +7,6 @@
 #include <mosaickv/compress.h>
 #include <mosaickv/attention.h>
 #include <mosaickv/store.h>
+#include <mosaickv/sequence.h>
 
 #endif

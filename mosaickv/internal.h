@@ -31,6 +31,10 @@ MKV_HIDDEN int seg_grow_create(const struct mkv_encode_opts *o,
 			       struct mkv_segment **out);
 MKV_HIDDEN int seg_grow_append(struct mkv_segment *s, size_t *cap,
 			       const float *x, size_t n);
+/* Make room for @rows rows in total; then appends up to @rows cannot fail
+ * but on non-finite input.  Returns 0, -ENOSPC, -ENOMEM. */
+MKV_HIDDEN int seg_grow_reserve(struct mkv_segment *s, size_t rows,
+				size_t *cap);
 
 /*
  * Attention over selected blocks wherever they are (attention.c).  @k and
@@ -59,6 +63,13 @@ MKV_HIDDEN int attn_select(const struct mkv_attn_opts *o, const float *q,
 			   uint8_t *mask);
 /* Validate attention options and queries as the public entries do. */
 MKV_HIDDEN int attn_check(const struct mkv_attn_opts *o, const float *q);
+
+/*
+ * Free a segment's packed values and bitmaps, keeping its shape, rotation
+ * and summaries: what a sequence keeps of a segment that lives in the
+ * store.  Only attend_blocks() may read a stripped segment.
+ */
+MKV_HIDDEN void seg_strip(struct mkv_segment *s);
 
 /* dtype.c */
 MKV_HIDDEN bool mkv_dtype_valid(enum mkv_dtype dt);

@@ -675,7 +675,7 @@ int seg_grow_create(const struct mkv_encode_opts *o, struct mkv_segment **out)
 
 /* Capacity in rows: the allocation made for v.n_blocks * b rows; tracked
  * through the block count the arrays were sized for. */
-static int seg_grow_reserve(struct mkv_segment *s, size_t rows, size_t *cap)
+int seg_grow_reserve(struct mkv_segment *s, size_t rows, size_t *cap)
 {
 	if (rows <= *cap)
 		return 0;
@@ -762,4 +762,16 @@ int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
 	}
 	(void)es;
 	return 0;
+}
+
+void seg_strip(struct mkv_segment *s)
+{
+	if (!s)
+		return;
+	free(s->values);
+	free(s->bitmaps);
+	s->values = NULL;
+	s->bitmaps = NULL;
+	s->v.values = NULL;
+	s->v.bitmaps = NULL;
 }

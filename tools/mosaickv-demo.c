@@ -16,18 +16,13 @@
 #include <unistd.h>
 
 #include <mosaickv.h>
+#include "demo.h"
 #include "synth.h"
 
-#define D 128
-#define WIN 64   /* recent tokens kept dense */
-#define NQ 4     /* query heads per KV head */
-#define NSTEPS 8 /* decode queries per KV head */
-
-struct cfg {
-	uint32_t tokens, segment, heads;
-	double channels, tokens_frac;
-	uint64_t seed;
-};
+#define D DEMO_D
+#define WIN DEMO_WIN
+#define NQ DEMO_NQ
+#define NSTEPS DEMO_NSTEPS
 
 static void usage(FILE *f)
 {
@@ -44,6 +39,13 @@ static void usage(FILE *f)
 		"                    up to 0.75 the 25%% lowest-variance channels are dropped\n"
 		"  --tokens-frac F   share of history tokens attended, (0, 1] (default 0.1)\n"
 		"  --seed S          synthetic data seed (default 1)\n"
+		"Then the whole decode path through the sequence API and a store:\n"
+		"  --layers N        layers (default 2)\n"
+		"  --decode N        tokens decoded after the prefill (default 256; 0 skips)\n"
+		"  --hbm-frac F      share of the compressed cache the top tier holds, so the\n"
+		"                    rest spills (default 0.25)\n"
+		"  --nvme DIR        add an NVMe tier in DIR (io_uring); the host tier is then\n"
+		"                    as small as the top one, so segments reach the disk\n"
 		"  -h, --help        this text\n",
 		D, NQ, WIN);
 }
@@ -105,7 +107,7 @@ static void bytes_add(struct mkv_segment_bytes *a,
 	a->dense += b->dense;
 }
 
-static int run(const struct cfg *c)
+static int run(const struct demo_cfg *c)
 {
 	const uint32_t hist = c->tokens - WIN;
 	const uint32_t nseg = (hist + c->segment - 1) / c->segment;
@@ -308,9 +310,10 @@ done:
 
 int main(int argc, char **argv)
 {
-	struct cfg c = {
+	struct demo_cfg c = {
 		.tokens = 65536, .segment = 4096, .heads = 4,
 		.channels = 0.25, .tokens_frac = 0.1, .seed = 1,
+		.layers = 2, .decode = 256, .hbm_frac = 0.25, .nvme_dir = NULL,
 	};
 	static const struct option lo[] = {
 		{ "tokens", required_argument, NULL, 't' },
@@ -319,6 +322,10 @@ int main(int argc, char **argv)
 		{ "channels", required_argument, NULL, 'c' },
 		{ "tokens-frac", required_argument, NULL, 'f' },
 		{ "seed", required_argument, NULL, 'S' },
+		{ "layers", required_argument, NULL, 'L' },
+		{ "decode", required_argument, NULL, 'T' },
+		{ "hbm-frac", required_argument, NULL, 'F' },
+		{ "nvme", required_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -354,6 +361,18 @@ int main(int argc, char **argv)
 			c.seed = strtoull(optarg, &end, 0);
 			bad = errno || end == optarg || *end;
 			break;
+		case 'L':
+			bad = parse_u32(optarg, 1, 64, &c.layers);
+			break;
+		case 'T':
+			bad = parse_u32(optarg, 0, 1u << 20, &c.decode);
+			break;
+		case 'F':
+			bad = parse_frac(optarg, &c.hbm_frac);
+			break;
+		case 'N':
+			c.nvme_dir = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -364,7 +383,8 @@ int main(int argc, char **argv)
 		if (bad) {
 			fprintf(stderr, "mosaickv-demo: bad value '%s' for --%s\n", optarg,
 				lo[ch == 't' ? 0 : ch == 's' ? 1 : ch == 'H' ? 2 :
-				   ch == 'c' ? 3 : ch == 'f' ? 4 : 5].name);
+				   ch == 'c' ? 3 : ch == 'f' ? 4 : ch == 'S' ? 5 :
+				   ch == 'L' ? 6 : ch == 'T' ? 7 : 8].name);
 			usage(stderr);
 			return 2;
 		}
@@ -374,5 +394,8 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	return run(&c);
+	int ret = run(&c);
+	if (ret == 0 && c.decode)
+		ret = run_pipeline(&c);
+	return ret;
 }

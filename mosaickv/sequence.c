@@ -1,0 +1,1136 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sequences: double compression buffering over the store (see
+ * include/mosaickv/sequence.h for the model).
+ *
+ * Concurrency.  A sequence is driven by one caller thread; the store's
+ * workers run finalization jobs.  A job owns a private copy of its raw
+ * vectors and touches nothing of the sequence but the `done` list, under
+ * `lock`.  The caller thread applies finished jobs (the swap) at its next
+ * entry point, so the history it attends is only ever changed by itself,
+ * between steps.  Lock order: seq->lock, then the store's locks (taken
+ * inside store calls); a job never holds seq->lock while calling the store.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+#include "store_internal.h"
+#include <mosaickv/sequence.h>
+
+/* One history segment of one (layer, KV head). */
+struct hseg {
+	struct mkv_segment *k, *v; /* full (pending) or skeleton (final) */
+	uint32_t start, n;         /* token range */
+	uint32_t id;               /* segment index in the store key */
+	uint8_t final;             /* in the store; k/v hold no values */
+	uint8_t queued;            /* a finalization job is in flight */
+};
+
+/* A strategy to compress new tokens with: full d × d rotations (the first
+ * d_keep rows are used), r, g, b. */
+struct strat {
+	float *Rk, *Rv;
+	uint32_t rk, rv, gk, gv, b;
+};
+
+struct lh {
+	struct hseg *segs;
+	size_t nsegs, cap;
+	/* The open segment (update buffer). */
+	struct mkv_segment *ok, *ov;
+	size_t okcap, ovcap;
+	uint32_t ostart;
+	struct strat open;          /* the open segment's strategy */
+	struct strat next;          /* strategy for the next open segment */
+	struct mkv_segstats *lk, *lv; /* loss of the open segment */
+	/* Raw float copies of tokens [raw_start, n). */
+	float *rawk, *rawv;
+	size_t raw_start, raw_cap;
+	uint32_t n;                 /* tokens held */
+	uint32_t next_id;
+};
+
+/* A finished finalization, published to the caller thread. */
+struct done {
+	struct done *next;
+	uint32_t layer, head, id;
+	int status;
+	struct mkv_segment *k, *v; /* skeletons on success */
+	struct strat st;           /* the final strategy on success */
+};
+
+struct mkv_seq {
+	struct mkv_store *store;
+	struct mkv_seq_opts o;
+	uint64_t id;
+	uint32_t d_keep;
+	struct lh *lh;               /* layers × kv_heads */
+	struct mkv_fetch *fetch;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct done *done;           /* under lock */
+	uint32_t inflight;           /* under lock */
+	struct mkv_seq_stats st;
+	uint64_t step;
+};
+
+int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size)
+{
+	if (!o || !mkv_opts_size_ok(size, sizeof(*o), sizeof(*o)))
+		return -EINVAL;
+	memset(o, 0, size);
+	o->size = size;
+	o->layers = 32;
+	o->kv_heads = 8;
+	o->q_per_kv = 4;
+	o->d = 128;
+	o->prefill_segment = 4096;
+	o->min_segment = 256;
+	o->max_segment = MKV_MAX_N;
+	o->window = 64;
+	o->token_frac = 0.1;
+	o->r = 0;
+	o->g = 1;
+	o->b = 16;
+	o->drop = 0;
+	o->loss_threshold = 0.3;
+	o->var_threshold = 0.5;
+	o->store_dtype = MKV_DTYPE_BF16;
+	o->lag_cap = (size_t)256 << 20;
+	o->staging_bytes = (size_t)64 << 20;
+	return 0;
+}
+
+static bool seq_opts_valid(const struct mkv_seq_opts *o)
+{
+	if (o->size != sizeof(*o) || o->layers == 0 || o->layers > 1024 ||
+	    o->kv_heads == 0 || o->kv_heads > 256 || o->q_per_kv == 0 ||
+	    o->q_per_kv > MKV_MAX_QHEADS || !mkv_d_valid(o->d))
+		return false;
+	if (o->prefill_segment < 64 || o->prefill_segment > MKV_MAX_N ||
+	    o->max_segment == 0 || o->max_segment > MKV_MAX_N ||
+	    o->min_segment == 0 || o->min_segment > o->max_segment ||
+	    o->window > 4096 || o->drop > 1)
+		return false;
+	if (!(o->token_frac > 0 && o->token_frac <= 1) ||
+	    !(o->loss_threshold > 0 && o->loss_threshold <= 1) ||
+	    !(o->var_threshold > 0 && o->var_threshold <= 1))
+		return false;
+	if (o->store_dtype != MKV_DTYPE_BF16 && o->store_dtype != MKV_DTYPE_F32)
+		return false;
+	uint32_t dk = mkv_d_keep(o->d, o->drop);
+	if (o->r && (!mkv_g_valid(o->g) || !mkv_b_valid(o->b) || o->r > dk ||
+		     o->r % o->g))
+		return false;
+	return o->lag_cap >= ((size_t)1 << 20) && o->staging_bytes > 0;
+}
+
+static void strat_free(struct strat *s)
+{
+	free(s->Rk);
+	free(s->Rv);
+	s->Rk = s->Rv = NULL;
+}
+
+static int strat_copy(struct strat *dst, const struct strat *src, uint32_t d)
+{
+	struct strat t = *src;
+	t.Rk = malloc(sizeof(float) * d * d);
+	t.Rv = malloc(sizeof(float) * d * d);
+	if (!t.Rk || !t.Rv) {
+		strat_free(&t);
+		return -ENOMEM;
+	}
+	memcpy(t.Rk, src->Rk, sizeof(float) * d * d);
+	memcpy(t.Rv, src->Rv, sizeof(float) * d * d);
+	strat_free(dst);
+	*dst = t;
+	return 0;
+}
+
+static struct lh *lh_of(struct mkv_seq *s, uint32_t layer, uint32_t head)
+{
+	return &s->lh[(size_t)layer * s->o.kv_heads + head];
+}
+
+static void lh_free(struct lh *l)
+{
+	for (size_t i = 0; i < l->nsegs; i++) {
+		mkv_segment_destroy(l->segs[i].k);
+		mkv_segment_destroy(l->segs[i].v);
+	}
+	free(l->segs);
+	mkv_segment_destroy(l->ok);
+	mkv_segment_destroy(l->ov);
+	strat_free(&l->open);
+	strat_free(&l->next);
+	mkv_segstats_destroy(l->lk);
+	mkv_segstats_destroy(l->lv);
+	free(l->rawk);
+	free(l->rawv);
+	memset(l, 0, sizeof(*l));
+}
+
+int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
+		 uint64_t id, struct mkv_seq **out)
+{
+	if (!store || !o || !out || !seq_opts_valid(o))
+		return -EINVAL;
+	struct mkv_seq *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->store = store;
+	s->o = *o;
+	s->id = id;
+	s->d_keep = mkv_d_keep(o->d, o->drop);
+	s->lh = calloc((size_t)o->layers * o->kv_heads, sizeof(*s->lh));
+	int rc = -ENOMEM;
+	if (!s->lh)
+		goto fail;
+	rc = mkv_fetch_create(store, o->staging_bytes, &s->fetch);
+	if (rc)
+		goto fail;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	*out = s;
+	return 0;
+fail:
+	free(s->lh);
+	free(s);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Raw copies */
+
+static size_t raw_row_bytes(const struct mkv_seq *s)
+{
+	return 2 * sizeof(float) * s->o.d; /* K and V */
+}
+
+/* Make room for rows up to @end (absolute token index). */
+static int raw_reserve(struct mkv_seq *s, struct lh *l, size_t end)
+{
+	size_t need = end - l->raw_start;
+	if (need <= l->raw_cap)
+		return 0;
+	size_t cap = l->raw_cap ? l->raw_cap : 256;
+	while (cap < need)
+		cap *= 2;
+	size_t d = s->o.d;
+	float *k = realloc(l->rawk, sizeof(float) * cap * d);
+	if (!k)
+		return -ENOMEM;
+	l->rawk = k;
+	float *v = realloc(l->rawv, sizeof(float) * cap * d);
+	if (!v)
+		return -ENOMEM;
+	l->rawv = v;
+	l->raw_cap = cap;
+	return 0;
+}
+
+/* Drop raw rows before token @upto (nothing of the window is dropped). */
+static void raw_release(struct mkv_seq *s, struct lh *l, size_t upto)
+{
+	size_t keep_from = l->n > s->o.window ? l->n - s->o.window : 0;
+	if (upto > keep_from)
+		upto = keep_from;
+	if (upto <= l->raw_start)
+		return;
+	size_t d = s->o.d, drop = upto - l->raw_start, rest = l->n - upto;
+	memmove(l->rawk, l->rawk + drop * d, sizeof(float) * rest * d);
+	memmove(l->rawv, l->rawv + drop * d, sizeof(float) * rest * d);
+	l->raw_start = upto;
+}
+
+/* First token not yet final (the lag starts there). */
+static size_t lh_first_unfinal(const struct lh *l)
+{
+	for (size_t i = 0; i < l->nsegs; i++)
+		if (!l->segs[i].final)
+			return l->segs[i].start;
+	return l->ostart;
+}
+
+static void lag_update(struct mkv_seq *s)
+{
+	uint64_t toks = 0;
+	for (size_t i = 0; i < (size_t)s->o.layers * s->o.kv_heads; i++)
+		toks += s->lh[i].n - lh_first_unfinal(&s->lh[i]);
+	s->st.lag_tokens = toks;
+	s->st.lag_bytes = toks * raw_row_bytes(s);
+	if (s->st.lag_bytes > s->st.max_lag_bytes)
+		s->st.max_lag_bytes = s->st.lag_bytes;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Strategy and encoding */
+
+/* The strategy of one segment from its raw vectors: rotation from the
+ * data; r, g, b chosen by loss (opts.r == 0) or fixed. */
+static int choose(const struct mkv_seq *s, const float *x, size_t n, float *R,
+		  uint32_t *r, uint32_t *g, uint32_t *b)
+{
+	struct mkv_strategy_opts so;
+	mkv_strategy_opts_init(&so, sizeof so);
+	so.d = s->o.d;
+	so.drop = s->o.drop;
+	so.loss_threshold = s->o.loss_threshold;
+	so.var_threshold = s->o.var_threshold;
+	struct mkv_strategy st;
+	int rc = mkv_strategy_choose(&so, x, MKV_DTYPE_F32, n, R, &st);
+	if (rc)
+		return rc;
+	if (s->o.r) {
+		*r = s->o.r;
+		*g = s->o.g;
+		*b = s->o.b;
+	} else {
+		*r = st.r;
+		*g = st.g;
+		*b = st.b;
+	}
+	return 0;
+}
+
+static void encode_opts(const struct mkv_seq *s, struct mkv_encode_opts *eo,
+			enum mkv_kind kind, const float *R, uint32_t r,
+			uint32_t g, uint32_t b)
+{
+	mkv_encode_opts_init(eo, sizeof *eo);
+	eo->d = s->o.d;
+	eo->r = r;
+	eo->g = g;
+	eo->b = b;
+	eo->drop = s->o.drop;
+	eo->kind = kind;
+	eo->store_dtype = s->o.store_dtype;
+	eo->rotation = R;
+}
+
+/* Encode a final K/V pair from raw rows with a fresh strategy. */
+static int encode_final(const struct mkv_seq *s, const float *k, const float *v,
+			size_t n, struct mkv_segment **ko, struct mkv_segment **vo,
+			struct strat *st)
+{
+	size_t dd = (size_t)s->o.d * s->o.d;
+	struct strat t = {.Rk = malloc(sizeof(float) * dd),
+			  .Rv = malloc(sizeof(float) * dd)};
+	struct mkv_segment *ks = NULL, *vs = NULL;
+	int rc = -ENOMEM;
+	if (!t.Rk || !t.Rv)
+		goto fail;
+	if ((rc = choose(s, k, n, t.Rk, &t.rk, &t.gk, &t.b)))
+		goto fail;
+	uint32_t bv;
+	if ((rc = choose(s, v, n, t.Rv, &t.rv, &t.gv, &bv)))
+		goto fail;
+	struct mkv_encode_opts eo;
+	encode_opts(s, &eo, MKV_KIND_KEY, t.Rk, t.rk, t.gk, t.b);
+	if ((rc = mkv_segment_encode(&eo, k, MKV_DTYPE_F32, n, &ks)))
+		goto fail;
+	encode_opts(s, &eo, MKV_KIND_VALUE, t.Rv, t.rv, t.gv, t.b);
+	if ((rc = mkv_segment_encode(&eo, v, MKV_DTYPE_F32, n, &vs)))
+		goto fail;
+	*ko = ks;
+	*vo = vs;
+	*st = t;
+	return 0;
+fail:
+	mkv_segment_destroy(ks);
+	mkv_segment_destroy(vs);
+	strat_free(&t);
+	return rc;
+}
+
+static struct mkv_seg_key seg_key(const struct mkv_seq *s, uint32_t layer,
+				  uint32_t head, uint32_t id, enum mkv_kind kind)
+{
+	return (struct mkv_seg_key){.seq = s->id, .layer = layer, .head = head,
+				    .seg = id, .kind = (uint32_t)kind};
+}
+
+/* Put a K/V pair in the store and strip them to skeletons.  On failure
+ * nothing stays in the store. */
+static int store_pair(struct mkv_seq *s, uint32_t layer, uint32_t head,
+		      uint32_t id, struct mkv_segment *k, struct mkv_segment *v)
+{
+	struct mkv_seg_key kk = seg_key(s, layer, head, id, MKV_KIND_KEY);
+	struct mkv_seg_key vk = seg_key(s, layer, head, id, MKV_KIND_VALUE);
+	int rc = mkv_store_put_segment(s->store, &kk, k);
+	if (rc)
+		return rc;
+	rc = mkv_store_put_segment(s->store, &vk, v);
+	if (rc) {
+		mkv_store_remove(s->store, &kk);
+		return rc;
+	}
+	seg_strip(k);
+	seg_strip(v);
+	return 0;
+}
+
+static int lh_push(struct lh *l, const struct hseg *h)
+{
+	if (l->nsegs == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 8;
+		struct hseg *p = realloc(l->segs, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		l->segs = p;
+		l->cap = cap;
+	}
+	l->segs[l->nsegs++] = *h;
+	return 0;
+}
+
+/* Start a new, empty open segment at token @start with strategy l->next. */
+static int open_begin(struct mkv_seq *s, struct lh *l, uint32_t start)
+{
+	struct mkv_encode_opts eo;
+	struct mkv_segment *k = NULL, *v = NULL;
+	struct mkv_segstats *lk = NULL, *lv = NULL;
+	size_t kc = 0, vc = 0;
+	encode_opts(s, &eo, MKV_KIND_KEY, l->next.Rk, l->next.rk, l->next.gk, l->next.b);
+	int rc = seg_grow_create(&eo, &k);
+	if (rc)
+		goto fail;
+	encode_opts(s, &eo, MKV_KIND_VALUE, l->next.Rv, l->next.rv, l->next.gv, l->next.b);
+	if ((rc = seg_grow_create(&eo, &v)))
+		goto fail;
+	struct mkv_strategy_opts so;
+	mkv_strategy_opts_init(&so, sizeof so);
+	so.d = s->o.d;
+	so.drop = s->o.drop;
+	so.g_mask = (1u << l->next.gk) | (1u << l->next.gv);
+	if ((rc = mkv_segstats_create(&so, &lk)) || (rc = mkv_segstats_create(&so, &lv)) ||
+	    (rc = mkv_segstats_set_rotation(lk, l->next.Rk)) ||
+	    (rc = mkv_segstats_set_rotation(lv, l->next.Rv)))
+		goto fail;
+	if ((rc = strat_copy(&l->open, &l->next, s->o.d)))
+		goto fail;
+	mkv_segment_destroy(l->ok);
+	mkv_segment_destroy(l->ov);
+	mkv_segstats_destroy(l->lk);
+	mkv_segstats_destroy(l->lv);
+	l->ok = k;
+	l->ov = v;
+	l->okcap = kc;
+	l->ovcap = vc;
+	l->lk = lk;
+	l->lv = lv;
+	l->ostart = start;
+	return 0;
+fail:
+	mkv_segment_destroy(k);
+	mkv_segment_destroy(v);
+	mkv_segstats_destroy(lk);
+	mkv_segstats_destroy(lv);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Finalization jobs */
+
+struct job {
+	struct mkv_seq *s;
+	uint32_t layer, head, id;
+	size_t n;
+	float *k, *v;   /* private raw copies */
+	struct done *d; /* the result, allocated by the submitter so a
+			 * finished job can always be published */
+};
+
+static void job_run(void *arg)
+{
+	struct job *j = arg;
+	struct mkv_seq *s = j->s;
+	struct done *d = j->d;
+	struct mkv_segment *ks = NULL, *vs = NULL;
+	int rc = encode_final(s, j->k, j->v, j->n, &ks, &vs, &d->st);
+	if (rc == 0) {
+		rc = store_pair(s, j->layer, j->head, j->id, ks, vs);
+		if (rc) {
+			mkv_segment_destroy(ks);
+			mkv_segment_destroy(vs);
+			strat_free(&d->st);
+			ks = vs = NULL;
+		}
+	}
+	free(j->k);
+	free(j->v);
+	d->layer = j->layer;
+	d->head = j->head;
+	d->id = j->id;
+	d->status = rc;
+	d->k = ks;
+	d->v = vs;
+	pthread_mutex_lock(&s->lock);
+	d->next = s->done;
+	s->done = d;
+	s->inflight--;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	free(j);
+}
+
+static struct hseg *find_seg(struct lh *l, uint32_t id)
+{
+	for (size_t i = 0; i < l->nsegs; i++)
+		if (l->segs[i].id == id)
+			return &l->segs[i];
+	return NULL;
+}
+
+/* The swap: publish finished jobs.  Caller thread only. */
+static void apply_done(struct mkv_seq *s)
+{
+	pthread_mutex_lock(&s->lock);
+	struct done *d = s->done;
+	s->done = NULL;
+	pthread_mutex_unlock(&s->lock);
+	while (d) {
+		struct done *next = d->next;
+		struct lh *l = lh_of(s, d->layer, d->head);
+		struct hseg *h = find_seg(l, d->id);
+		if (h)
+			h->queued = 0;
+		if (d->status == 0 && h) {
+			mkv_segment_destroy(h->k);
+			mkv_segment_destroy(h->v);
+			h->k = d->k;
+			h->v = d->v;
+			h->final = 1;
+			s->st.swaps++;
+			/* The final strategy becomes the next segment's. */
+			strat_free(&l->next);
+			l->next = d->st;
+			d->st.Rk = d->st.Rv = NULL;
+			raw_release(s, l, lh_first_unfinal(l));
+		} else {
+			s->st.finalize_failed++;
+			s->st.last_error = d->status ? d->status : -ENOENT;
+			mkv_segment_destroy(d->k);
+			mkv_segment_destroy(d->v);
+		}
+		strat_free(&d->st);
+		free(d);
+		d = next;
+	}
+	lag_update(s);
+}
+
+/* Copy the raw rows of @h for a job. */
+static struct job *job_make(struct mkv_seq *s, struct lh *l, uint32_t layer,
+			    uint32_t head, const struct hseg *h)
+{
+	struct job *j = calloc(1, sizeof(*j));
+	size_t bytes = sizeof(float) * h->n * s->o.d;
+	if (!j)
+		return NULL;
+	j->k = malloc(bytes);
+	j->v = malloc(bytes);
+	j->d = calloc(1, sizeof(*j->d));
+	if (!j->k || !j->v || !j->d) {
+		free(j->k);
+		free(j->v);
+		free(j->d);
+		free(j);
+		return NULL;
+	}
+	size_t off = (h->start - l->raw_start) * (size_t)s->o.d;
+	memcpy(j->k, l->rawk + off, bytes);
+	memcpy(j->v, l->rawv + off, bytes);
+	*j = (struct job){.s = s, .layer = layer, .head = head, .id = h->id,
+			  .n = h->n, .k = j->k, .v = j->v, .d = j->d};
+	return j;
+}
+
+/* Queue the finalization of pending segment @h on the store's workers, or
+ * run it here when @sync. */
+static int finalize(struct mkv_seq *s, struct lh *l, uint32_t layer,
+		    uint32_t head, struct hseg *h, bool sync)
+{
+	struct job *j = job_make(s, l, layer, head, h);
+	if (!j)
+		return -ENOMEM;
+	h->queued = 1;
+	pthread_mutex_lock(&s->lock);
+	s->inflight++;
+	pthread_mutex_unlock(&s->lock);
+	int rc = sync ? -EAGAIN : store_submit_call(s->store, job_run, j);
+	if (rc) {
+		/* Run it on this thread: synchronous finalization. */
+		job_run(j);
+		if (sync)
+			s->st.sync_finalized++;
+		apply_done(s);
+	}
+	return 0;
+}
+
+/* Close the open segment of @l: it becomes pending and is queued. */
+static int close_open(struct mkv_seq *s, struct lh *l, uint32_t layer,
+		      uint32_t head, bool sync)
+{
+	if (!l->ok || l->ok->v.n == 0)
+		return 0;
+	struct hseg h = {.k = l->ok, .v = l->ov, .start = l->ostart,
+			 .n = l->ok->v.n, .id = l->next_id};
+	/* Open the successor first so a failure leaves everything as it was. */
+	struct mkv_segment *ok = l->ok, *ov = l->ov;
+	l->ok = l->ov = NULL;
+	int rc = open_begin(s, l, l->n);
+	if (rc == 0)
+		rc = lh_push(l, &h);
+	if (rc) {
+		mkv_segment_destroy(l->ok);
+		mkv_segment_destroy(l->ov);
+		l->ok = ok;
+		l->ov = ov;
+		return rc;
+	}
+	l->next_id++;
+	return finalize(s, l, layer, head, &l->segs[l->nsegs - 1], sync);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Prefill */
+
+static int prefill_head(struct mkv_seq *s, uint32_t layer, uint32_t head,
+			const float *k, const float *v, size_t n)
+{
+	struct lh *l = lh_of(s, layer, head);
+	size_t ps = s->o.prefill_segment, d = s->o.d;
+	/* Full segments are final at once; the remainder (when there is at
+	 * least one full segment) starts the open segment. */
+	size_t nfull = n <= ps ? 1 : n / ps;
+	size_t covered = n <= ps ? n : nfull * ps;
+	struct strat last = {0};
+	int rc = 0;
+	for (size_t i = 0; i < nfull && rc == 0; i++) {
+		size_t a = i * ps, m = n <= ps ? n : ps;
+		struct hseg h = {.start = (uint32_t)a, .n = (uint32_t)m,
+				 .id = l->next_id, .final = 1};
+		strat_free(&last);
+		rc = encode_final(s, k + a * d, v + a * d, m, &h.k, &h.v, &last);
+		if (rc)
+			break;
+		rc = store_pair(s, layer, head, h.id, h.k, h.v);
+		if (rc == 0)
+			rc = lh_push(l, &h);
+		if (rc) {
+			mkv_segment_destroy(h.k);
+			mkv_segment_destroy(h.v);
+			break;
+		}
+		l->next_id++;
+	}
+	if (rc == 0) {
+		strat_free(&l->next);
+		l->next = last;
+		last.Rk = last.Rv = NULL;
+		l->n = (uint32_t)n;
+		l->raw_start = covered;
+		rc = open_begin(s, l, (uint32_t)covered);
+	}
+	if (rc == 0 && covered < n) {
+		rc = raw_reserve(s, l, n);
+		if (rc == 0) {
+			memcpy(l->rawk, k + covered * d, sizeof(float) * (n - covered) * d);
+			memcpy(l->rawv, v + covered * d, sizeof(float) * (n - covered) * d);
+			rc = seg_grow_append(l->ok, &l->okcap, k + covered * d, n - covered);
+		}
+		if (rc == 0)
+			rc = seg_grow_append(l->ov, &l->ovcap, v + covered * d, n - covered);
+		if (rc == 0)
+			rc = mkv_segstats_append(l->lk, k + covered * d, MKV_DTYPE_F32, n - covered);
+		if (rc == 0)
+			rc = mkv_segstats_append(l->lv, v + covered * d, MKV_DTYPE_F32, n - covered);
+	}
+	/* The window needs raw rows from n - window even when they are
+	 * final: keep them. */
+	if (rc == 0 && s->o.window) {
+		size_t w0 = n > s->o.window ? n - s->o.window : 0;
+		if (w0 < l->raw_start) {
+			size_t keep = l->raw_start - w0, have = n - l->raw_start;
+			size_t old = l->raw_start;
+			l->raw_start = w0;
+			rc = raw_reserve(s, l, n);
+			if (rc == 0) {
+				memmove(l->rawk + keep * d, l->rawk, sizeof(float) * have * d);
+				memmove(l->rawv + keep * d, l->rawv, sizeof(float) * have * d);
+				memcpy(l->rawk, k + w0 * d, sizeof(float) * keep * d);
+				memcpy(l->rawv, v + w0 * d, sizeof(float) * keep * d);
+			} else {
+				l->raw_start = old;
+			}
+		}
+	}
+	strat_free(&last);
+	return rc;
+}
+
+/* Undo a layer's prefill: remove stored segments, free everything. */
+static void layer_reset(struct mkv_seq *s, uint32_t layer)
+{
+	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+		struct lh *l = lh_of(s, layer, h);
+		for (size_t i = 0; i < l->nsegs; i++) {
+			if (!l->segs[i].final)
+				continue;
+			struct mkv_seg_key kk = seg_key(s, layer, h, l->segs[i].id, MKV_KIND_KEY);
+			struct mkv_seg_key vk = seg_key(s, layer, h, l->segs[i].id, MKV_KIND_VALUE);
+			mkv_store_remove(s->store, &kk);
+			mkv_store_remove(s->store, &vk);
+		}
+		lh_free(l);
+	}
+}
+
+int mkv_seq_prefill(struct mkv_seq *s, uint32_t layer, const void *k,
+		    const void *v, enum mkv_dtype dt, size_t n)
+{
+	if (!s || !k || !v || n == 0 || layer >= s->o.layers ||
+	    !mkv_dtype_valid(dt) || n > UINT32_MAX / 2)
+		return -EINVAL;
+	for (uint32_t h = 0; h < s->o.kv_heads; h++)
+		if (lh_of(s, layer, h)->n)
+			return -EINVAL;
+	apply_done(s);
+	size_t d = s->o.d, es = mkv_dtype_size(dt);
+	float *kf = malloc(sizeof(float) * n * d), *vf = malloc(sizeof(float) * n * d);
+	int rc = -ENOMEM;
+	if (!kf || !vf)
+		goto out;
+	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+		const char *kh = (const char *)k + (size_t)h * n * d * es;
+		const char *vh = (const char *)v + (size_t)h * n * d * es;
+		rc = -MKV_ENONFINITE;
+		if (!mkv_load_f32(kf, kh, dt, n * d) || !mkv_load_f32(vf, vh, dt, n * d))
+			break;
+		if ((rc = prefill_head(s, layer, h, kf, vf, n)))
+			break;
+	}
+	if (rc)
+		layer_reset(s, layer);
+	else if (layer == 0)
+		s->st.tokens = n;
+out:
+	free(kf);
+	free(vf);
+	lag_update(s);
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Append */
+
+static bool open_should_close(const struct mkv_seq *s, const struct lh *l)
+{
+	uint32_t n = l->ok->v.n;
+	if (n >= s->o.max_segment)
+		return true;
+	if (n < s->o.min_segment)
+		return false;
+	double lk, lv;
+	if (mkv_segstats_loss(l->lk, l->open.rk, l->open.gk, &lk) ||
+	    mkv_segstats_loss(l->lv, l->open.rv, l->open.gv, &lv))
+		return false;
+	return lk > s->o.loss_threshold || lv > s->o.loss_threshold;
+}
+
+static int append_one(struct mkv_seq *s, uint32_t layer, const float *k,
+		      const float *v)
+{
+	size_t d = s->o.d;
+	/* Reserve for every head first: once a head takes the token, all do
+	 * (the input is already known to be finite). */
+	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+		struct lh *l = lh_of(s, layer, h);
+		if (!l->ok)
+			return -EINVAL; /* layer never prefilled */
+		int rc = raw_reserve(s, l, (size_t)l->n + 1);
+		if (!rc)
+			rc = seg_grow_reserve(l->ok, (size_t)l->ok->v.n + 1, &l->okcap);
+		if (!rc)
+			rc = seg_grow_reserve(l->ov, (size_t)l->ov->v.n + 1, &l->ovcap);
+		if (rc)
+			return rc;
+	}
+	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+		struct lh *l = lh_of(s, layer, h);
+		const float *kh = k + h * d, *vh = v + h * d;
+		(void)seg_grow_append(l->ok, &l->okcap, kh, 1);
+		(void)seg_grow_append(l->ov, &l->ovcap, vh, 1);
+		size_t off = (l->n - l->raw_start) * d;
+		memcpy(l->rawk + off, kh, sizeof(float) * d);
+		memcpy(l->rawv + off, vh, sizeof(float) * d);
+		l->n++;
+		/* Statistics are advisory: a failure here only delays the
+		 * close to max_segment. */
+		(void)mkv_segstats_append(l->lk, kh, MKV_DTYPE_F32, 1);
+		(void)mkv_segstats_append(l->lv, vh, MKV_DTYPE_F32, 1);
+		raw_release(s, l, lh_first_unfinal(l));
+	}
+	/* Closing is after the token is in every head; a failed close leaves
+	 * the segment open and is retried at the next token. */
+	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+		struct lh *l = lh_of(s, layer, h);
+		if (open_should_close(s, l))
+			(void)close_open(s, l, layer, h, false);
+	}
+	return 0;
+}
+
+/* Back-pressure: finalize the oldest pending segments on this thread while
+ * the raw copies exceed the cap. */
+static void backpressure(struct mkv_seq *s)
+{
+	lag_update(s);
+	while (s->st.lag_bytes > s->o.lag_cap) {
+		struct lh *best = NULL;
+		struct hseg *bh = NULL;
+		uint32_t bl = 0, bhd = 0;
+		for (uint32_t layer = 0; layer < s->o.layers; layer++)
+			for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+				struct lh *l = lh_of(s, layer, h);
+				for (size_t i = 0; i < l->nsegs; i++) {
+					struct hseg *x = &l->segs[i];
+					if (x->final || x->queued)
+						continue;
+					if (!bh || x->start < bh->start) {
+						best = l;
+						bh = x;
+						bl = layer;
+						bhd = h;
+					}
+					break;
+				}
+			}
+		if (!bh) {
+			/* Nothing idle is pending: wait for queued jobs, then
+			 * close the largest open segment synchronously. */
+			mkv_seq_sync(s);
+			lag_update(s);
+			if (s->st.lag_bytes <= s->o.lag_cap)
+				break;
+			struct lh *big = NULL;
+			for (uint32_t layer = 0; layer < s->o.layers; layer++)
+				for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+					struct lh *l = lh_of(s, layer, h);
+					if (l->ok && l->ok->v.n && (!big || l->ok->v.n > big->ok->v.n)) {
+						big = l;
+						bl = layer;
+						bhd = h;
+					}
+				}
+			if (!big || close_open(s, big, bl, bhd, true))
+				break;
+			lag_update(s);
+			continue;
+		}
+		uint64_t before = s->st.lag_bytes;
+		finalize(s, best, bl, bhd, bh, true);
+		lag_update(s);
+		if (s->st.lag_bytes >= before)
+			break; /* finalization failed: keep serving, counted */
+	}
+}
+
+int mkv_seq_append(struct mkv_seq *const *seqs, size_t n, uint32_t layer,
+		   const void *k, const void *v, enum mkv_dtype dt)
+{
+	if (!seqs || n == 0 || !k || !v || !mkv_dtype_valid(dt))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		if (!seqs[i] || layer >= seqs[i]->o.layers)
+			return -EINVAL;
+		if (seqs[i]->o.kv_heads != seqs[0]->o.kv_heads ||
+		    seqs[i]->o.d != seqs[0]->o.d)
+			return -MKV_ESHAPE;
+	}
+	size_t row = (size_t)seqs[0]->o.kv_heads * seqs[0]->o.d;
+	size_t es = mkv_dtype_size(dt);
+	float *kf = malloc(sizeof(float) * row * n), *vf = malloc(sizeof(float) * row * n);
+	int rc = -ENOMEM;
+	if (!kf || !vf)
+		goto out;
+	/* All or nothing on bad input. */
+	rc = -MKV_ENONFINITE;
+	if (!mkv_load_f32(kf, k, dt, row * n) || !mkv_load_f32(vf, v, dt, row * n))
+		goto out;
+	rc = 0;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct mkv_seq *s = seqs[i];
+		apply_done(s);
+		rc = append_one(s, layer, kf + i * row, vf + i * row);
+		if (rc == 0 && layer == 0)
+			s->st.tokens++;
+		if (rc == 0)
+			backpressure(s);
+	}
+out:
+	free(kf);
+	free(vf);
+	(void)es;
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Attention */
+
+/* A read-only view of the first @n rows of @seg (n <= seg->v.n). */
+static void seg_prefix(struct mkv_segment *dst, const struct mkv_segment *src,
+		       uint32_t n)
+{
+	*dst = *src;
+	dst->v.n = n;
+	dst->v.n_blocks = (n + src->v.b - 1) / src->v.b;
+}
+
+int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
+		   float *out, void *stream)
+{
+	if (!s || !q || !out || layer >= s->o.layers)
+		return -EINVAL;
+	(void)stream;
+	struct mkv_attn_opts ao;
+	mkv_attn_opts_init(&ao, sizeof ao);
+	ao.n_q = s->o.q_per_kv;
+	ao.d = s->o.d;
+	ao.token_frac = s->o.token_frac;
+	int rc = attn_check(&ao, q);
+	if (rc)
+		return rc;
+	if (!lh_of(s, layer, 0)->n)
+		return -EINVAL;
+	apply_done(s);
+	s->step++;
+	size_t d = s->o.d, gq = (size_t)s->o.q_per_kv * d;
+	uint64_t fetch_bytes = 0, attend_bytes = 0;
+	for (uint32_t h = 0; h < s->o.kv_heads && rc == 0; h++) {
+		struct lh *l = lh_of(s, layer, h);
+		uint32_t n = l->n, w = n < s->o.window ? n : s->o.window;
+		uint32_t hist = n - w;
+		/* History views: every segment cut at n - window. */
+		size_t ns = l->nsegs + 1;
+		struct mkv_segment *kv = calloc(2 * ns, sizeof(*kv));
+		const struct mkv_segment **kp = calloc(ns, sizeof(*kp));
+		struct hseg **hp = calloc(ns, sizeof(*hp));
+		size_t m = 0, nb = 0;
+		rc = -ENOMEM;
+		if (!kv || !kp || !hp)
+			goto next;
+		for (size_t i = 0; i <= l->nsegs; i++) {
+			const struct mkv_segment *K = i < l->nsegs ? l->segs[i].k : l->ok;
+			const struct mkv_segment *V = i < l->nsegs ? l->segs[i].v : l->ov;
+			uint32_t start = i < l->nsegs ? l->segs[i].start : l->ostart;
+			uint32_t len = K->v.n;
+			if (start >= hist || len == 0)
+				continue;
+			uint32_t use = hist - start < len ? hist - start : len;
+			seg_prefix(&kv[2 * m], K, use);
+			seg_prefix(&kv[2 * m + 1], V, use);
+			kp[m] = &kv[2 * m];
+			hp[m] = i < l->nsegs ? &l->segs[i] : NULL;
+			nb += kv[2 * m].v.n_blocks;
+			m++;
+		}
+		{
+			uint8_t *mask = malloc(nb ? nb : 1);
+			struct attn_src *src = calloc(m ? m : 1, sizeof(*src));
+			uint32_t *blocks = malloc(sizeof(uint32_t) * (nb ? nb : 1));
+			struct blk_addr *ka = malloc(sizeof(*ka) * (nb ? nb : 1));
+			struct blk_addr *va = malloc(sizeof(*va) * (nb ? nb : 1));
+			struct mkv_fetch_req *req = calloc(2 * (m ? m : 1), sizeof(*req));
+			struct mkv_block_addr *fa = malloc(sizeof(*fa) * 2 * (nb ? nb : 1));
+			const float *qh = q + h * gq;
+			if (!mask || !src || !blocks || !ka || !va || !req || !fa)
+				goto inner;
+			if ((rc = attn_select(&ao, qh, kp, m, mask)))
+				goto inner;
+			size_t ci = 0, wpos = 0, nreq = 0, nfetch = 0;
+			for (size_t i = 0; i < m; i++) {
+				const struct mkv_segment *K = &kv[2 * i], *V = &kv[2 * i + 1];
+				src[i] = (struct attn_src){.k = K, .v = V, .blocks = blocks + wpos,
+							   .kaddr = ka + wpos, .vaddr = va + wpos};
+				for (uint32_t j = 0; j < K->v.n_blocks; j++, ci++)
+					if (mask[ci])
+						blocks[wpos + src[i].n_sel++] = j;
+				if (src[i].n_sel && hp[i] && hp[i]->final) {
+					req[nreq++] = (struct mkv_fetch_req){
+						.key = seg_key(s, layer, h, hp[i]->id, MKV_KIND_KEY),
+						.blocks = src[i].blocks, .n_blocks = src[i].n_sel};
+					req[nreq++] = (struct mkv_fetch_req){
+						.key = seg_key(s, layer, h, hp[i]->id, MKV_KIND_VALUE),
+						.blocks = src[i].blocks, .n_blocks = src[i].n_sel};
+					nfetch += 2 * src[i].n_sel;
+				} else {
+					size_t kes = mkv_dtype_size(K->v.store_dtype);
+					size_t ves = mkv_dtype_size(V->v.store_dtype);
+					for (uint32_t bi = 0; bi < src[i].n_sel; bi++) {
+						size_t r0 = (size_t)src[i].blocks[bi] * K->v.b;
+						ka[wpos + bi] = (struct blk_addr){
+							(const char *)K->values + r0 * K->v.r * kes,
+							K->bitmaps + r0 * K->v.bitmap_bytes};
+						va[wpos + bi] = (struct blk_addr){
+							(const char *)V->values + r0 * V->v.r * ves,
+							V->bitmaps + r0 * V->v.bitmap_bytes};
+					}
+				}
+				wpos += src[i].n_sel;
+			}
+			if (nreq) {
+				int64_t f = mkv_store_fetch(s->fetch, req, nreq, s->step, fa);
+				if (f < 0) {
+					rc = (int)f;
+					goto inner;
+				}
+				/* Map the fetched addresses back, request order. */
+				size_t fi = 0;
+				for (size_t i = 0; i < m; i++) {
+					if (!(src[i].n_sel && hp[i] && hp[i]->final))
+						continue;
+					struct blk_addr *kd = (struct blk_addr *)src[i].kaddr;
+					struct blk_addr *vd = (struct blk_addr *)src[i].vaddr;
+					for (uint32_t bi = 0; bi < src[i].n_sel; bi++, fi++) {
+						kd[bi] = (struct blk_addr){fa[fi].values, fa[fi].bitmaps};
+						if (fa[fi].tier != MKV_TIER_HBM)
+							fetch_bytes += fa[fi].values_bytes + fa[fi].bitmaps_bytes;
+					}
+					for (uint32_t bi = 0; bi < src[i].n_sel; bi++, fi++) {
+						vd[bi] = (struct blk_addr){fa[fi].values, fa[fi].bitmaps};
+						if (fa[fi].tier != MKV_TIER_HBM)
+							fetch_bytes += fa[fi].values_bytes + fa[fi].bitmaps_bytes;
+					}
+				}
+				(void)nfetch;
+			}
+			/* The dense window from the raw copies. */
+			struct mkv_dense_kv win = {
+				.k = l->rawk + (size_t)(hist - l->raw_start) * d,
+				.v = l->rawv + (size_t)(hist - l->raw_start) * d,
+				.dtype = MKV_DTYPE_F32, .n = w};
+			struct mkv_attn_stats ast;
+			rc = attend_blocks(&ao, qh, src, m, w ? &win : NULL, out + h * gq, &ast);
+			attend_bytes += ast.bytes_read;
+			if (nreq)
+				mkv_fetch_release(s->fetch);
+inner:
+			free(mask);
+			free(src);
+			free(blocks);
+			free(ka);
+			free(va);
+			free(req);
+			free(fa);
+		}
+next:
+		free(kv);
+		free(kp);
+		free(hp);
+	}
+	s->st.fetch_bytes_last = fetch_bytes;
+	s->st.fetch_bytes_total += fetch_bytes;
+	s->st.attend_bytes_last = attend_bytes;
+	return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+
+int mkv_seq_flush(struct mkv_seq *s, uint32_t layer)
+{
+	if (!s || (layer != UINT32_MAX && layer >= s->o.layers))
+		return -EINVAL;
+	apply_done(s);
+	int first = 0;
+	for (uint32_t ly = 0; ly < s->o.layers; ly++) {
+		if (layer != UINT32_MAX && ly != layer)
+			continue;
+		for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+			struct lh *l = lh_of(s, ly, h);
+			/* Retry failed finalizations, then close the open one. */
+			for (size_t i = 0; i < l->nsegs; i++)
+				if (!l->segs[i].final && !l->segs[i].queued) {
+					int rc = finalize(s, l, ly, h, &l->segs[i], false);
+					if (rc && !first)
+						first = rc;
+				}
+			int rc = close_open(s, l, ly, h, false);
+			if (rc && !first)
+				first = rc;
+		}
+	}
+	lag_update(s);
+	return first;
+}
+
+int mkv_seq_sync(struct mkv_seq *s)
+{
+	if (!s)
+		return -EINVAL;
+	pthread_mutex_lock(&s->lock);
+	while (s->inflight)
+		pthread_cond_wait(&s->cond, &s->lock);
+	pthread_mutex_unlock(&s->lock);
+	apply_done(s);
+	return 0;
+}
+
+int mkv_seq_get_stats(struct mkv_seq *s, struct mkv_seq_stats *st)
+{
+	if (!s || !st || st->size != sizeof(*st))
+		return -EINVAL;
+	lag_update(s);
+	uint64_t fin = 0, pend = 0;
+	for (size_t i = 0; i < (size_t)s->o.layers * s->o.kv_heads; i++)
+		for (size_t j = 0; j < s->lh[i].nsegs; j++) {
+			if (s->lh[i].segs[j].final)
+				fin++;
+			else
+				pend++;
+		}
+	pthread_mutex_lock(&s->lock);
+	*st = s->st;
+	st->queue_depth = s->inflight;
+	pthread_mutex_unlock(&s->lock);
+	st->size = sizeof(*st);
+	st->segments_final = fin;
+	st->segments_pending = pend;
+	return 0;
+}
+
+int mkv_seq_close(struct mkv_seq *s)
+{
+	if (!s)
+		return 0;
+	mkv_seq_sync(s);
+	int first = 0;
+	for (uint32_t ly = 0; ly < s->o.layers; ly++)
+		for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+			struct lh *l = lh_of(s, ly, h);
+			for (size_t i = 0; i < l->nsegs; i++) {
+				if (!l->segs[i].final)
+					continue;
+				struct mkv_seg_key kk = seg_key(s, ly, h, l->segs[i].id, MKV_KIND_KEY);
+				struct mkv_seg_key vk = seg_key(s, ly, h, l->segs[i].id, MKV_KIND_VALUE);
+				int rc = mkv_store_remove(s->store, &kk);
+				if (rc && !first)
+					first = rc;
+				rc = mkv_store_remove(s->store, &vk);
+				if (rc && !first)
+					first = rc;
+			}
+			lh_free(l);
+		}
+	mkv_fetch_destroy(s->fetch);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s->lh);
+	free(s);
+	return first;
+}

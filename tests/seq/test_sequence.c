@@ -1,0 +1,553 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sequences (mosaickv/sequence.c): no token lost or doubled across swaps,
+ * swaps never make things worse, failed finalizations lose nothing,
+ * back-pressure bounds the lag, bad input changes nothing.  References are
+ * computed here in double precision from the raw tokens.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mosaickv.h>
+#include "mosaickv/store_internal.h"
+#include "tiers/tier.h"
+
+/* xorshift64*, one per thread */
+static uint64_t rng_next(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ull;
+}
+
+static float rng_normal(uint64_t *s)
+{
+	double u = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
+	double v = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
+	return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static uint64_t fresh_seed(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (uint64_t)t.tv_nsec * 2654435761u + (uint64_t)t.tv_sec + 1;
+}
+
+/* Exact softmax attention of one query over n tokens, double precision. */
+static void ref_attention(const float *q, const float *k, const float *v,
+			  size_t n, uint32_t d, double *out)
+{
+	double m = -INFINITY, l = 0, scale = 1.0 / sqrt((double)d);
+	double *s = malloc(sizeof(double) * n);
+	for (size_t i = 0; i < n; i++) {
+		double x = 0;
+		for (uint32_t c = 0; c < d; c++)
+			x += (double)q[c] * k[i * d + c];
+		s[i] = x * scale;
+		m = s[i] > m ? s[i] : m;
+	}
+	memset(out, 0, sizeof(double) * d);
+	for (size_t i = 0; i < n; i++) {
+		double p = exp(s[i] - m);
+		l += p;
+		for (uint32_t c = 0; c < d; c++)
+			out[c] += p * v[i * d + c];
+	}
+	for (uint32_t c = 0; c < d; c++)
+		out[c] /= l;
+	free(s);
+}
+
+/* A sequence's raw tokens, kept by the test: [layer][head][t][d]. */
+struct truth {
+	uint32_t L, H, G, d, cap, n;
+	float *k, *v;
+};
+
+static void truth_init(struct truth *t, uint32_t L, uint32_t H, uint32_t G,
+		       uint32_t d, uint32_t cap)
+{
+	*t = (struct truth){L, H, G, d, cap, 0, NULL, NULL};
+	t->k = calloc((size_t)L * H * cap * d, sizeof(float));
+	t->v = calloc((size_t)L * H * cap * d, sizeof(float));
+	cr_assert(t->k && t->v);
+}
+
+static float *tk(struct truth *t, uint32_t l, uint32_t h, uint32_t i)
+{
+	return t->k + (((size_t)l * t->H + h) * t->cap + i) * t->d;
+}
+
+static float *tv(struct truth *t, uint32_t l, uint32_t h, uint32_t i)
+{
+	return t->v + (((size_t)l * t->H + h) * t->cap + i) * t->d;
+}
+
+/* Relative error of the sequence's attention of layer @l against the
+ * reference over every token the test appended. */
+static double attend_error(struct mkv_seq *s, struct truth *t, uint32_t l,
+			   uint64_t *rng)
+{
+	uint32_t HG = t->H * t->G, d = t->d;
+	float *q = malloc(sizeof(float) * HG * d), *out = malloc(sizeof(float) * HG * d);
+	double *ref = malloc(sizeof(double) * d), e = 0, r = 0;
+	for (uint32_t i = 0; i < HG * d; i++)
+		q[i] = 0.3f * rng_normal(rng);
+	int rc = mkv_seq_attend(s, l, q, out, NULL);
+	cr_assert_eq(rc, 0, "attend: %s", mkv_strerror(rc));
+	for (uint32_t qh = 0; qh < HG; qh++) {
+		uint32_t h = qh / t->G;
+		ref_attention(q + qh * d, tk(t, l, h, 0), tv(t, l, h, 0), t->n, d, ref);
+		for (uint32_t c = 0; c < d; c++) {
+			e += (out[qh * d + c] - ref[c]) * (out[qh * d + c] - ref[c]);
+			r += ref[c] * ref[c];
+		}
+	}
+	free(q);
+	free(out);
+	free(ref);
+	return sqrt(e / r);
+}
+
+static struct mkv_store *host_store(size_t hbm)
+{
+	struct mkv_store_opts so;
+	mkv_store_opts_init(&so, sizeof so);
+	so.gpu = -1;
+	so.hbm_bytes = hbm;
+	so.host_bytes = (size_t)256 << 20;
+	so.workers = 2;
+	struct mkv_store *st = NULL;
+	int rc = mkv_store_create(&so, &st);
+	cr_assert_eq(rc, 0, "store: %s", mkv_strerror(rc));
+	return st;
+}
+
+/* Exact configuration: r = d, no drop, f32, every block selected. */
+static void exact_opts(struct mkv_seq_opts *o, uint32_t L, uint32_t H,
+		       uint32_t G, uint32_t d)
+{
+	mkv_seq_opts_init(o, sizeof *o);
+	o->layers = L;
+	o->kv_heads = H;
+	o->q_per_kv = G;
+	o->d = d;
+	o->prefill_segment = 128;
+	o->r = d;
+	o->g = 1;
+	o->b = 16;
+	o->drop = 0;
+	o->store_dtype = MKV_DTYPE_F32;
+	o->token_frac = 1.0;
+	o->min_segment = 32;
+	o->max_segment = 96;
+	o->window = 16;
+	o->staging_bytes = (size_t)8 << 20;
+}
+
+static void fill_random(struct truth *t, uint32_t from, uint32_t to, uint64_t *rng)
+{
+	for (uint32_t l = 0; l < t->L; l++)
+		for (uint32_t h = 0; h < t->H; h++)
+			for (uint32_t i = from; i < to; i++)
+				for (uint32_t c = 0; c < t->d; c++) {
+					tk(t, l, h, i)[c] = rng_normal(rng);
+					tv(t, l, h, i)[c] = rng_normal(rng);
+				}
+}
+
+static void prefill_all(struct mkv_seq *s, struct truth *t, uint32_t n0)
+{
+	size_t per = (size_t)n0 * t->d;
+	float *k = malloc(sizeof(float) * t->H * per), *v = malloc(sizeof(float) * t->H * per);
+	for (uint32_t l = 0; l < t->L; l++) {
+		for (uint32_t h = 0; h < t->H; h++) {
+			memcpy(k + h * per, tk(t, l, h, 0), sizeof(float) * per);
+			memcpy(v + h * per, tv(t, l, h, 0), sizeof(float) * per);
+		}
+		int rc = mkv_seq_prefill(s, l, k, v, MKV_DTYPE_F32, n0);
+		cr_assert_eq(rc, 0, "prefill: %s", mkv_strerror(rc));
+	}
+	t->n = n0;
+	free(k);
+	free(v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* No token lost or doubled: S sequences on T threads, random forced swaps. */
+
+struct driver {
+	struct mkv_seq **seqs;
+	struct truth *truth;
+	uint32_t nseq, steps;
+	uint64_t seed;
+	double maxerr;
+	uint64_t swaps;
+};
+
+static void *drive(void *arg)
+{
+	struct driver *dr = arg;
+	uint64_t rng = dr->seed;
+	struct truth *t0 = &dr->truth[0];
+	uint32_t H = t0->H, d = t0->d;
+	float *k = malloc(sizeof(float) * dr->nseq * H * d);
+	float *v = malloc(sizeof(float) * dr->nseq * H * d);
+	for (uint32_t step = 0; step < dr->steps; step++) {
+		for (uint32_t l = 0; l < t0->L; l++) {
+			for (uint32_t i = 0; i < dr->nseq; i++) {
+				struct truth *t = &dr->truth[i];
+				for (uint32_t h = 0; h < H; h++)
+					for (uint32_t c = 0; c < d; c++) {
+						float a = rng_normal(&rng), b = rng_normal(&rng);
+						tk(t, l, h, t->n)[c] = a;
+						tv(t, l, h, t->n)[c] = b;
+						k[((size_t)i * H + h) * d + c] = a;
+						v[((size_t)i * H + h) * d + c] = b;
+					}
+			}
+			/* One batched append over this thread's sequences. */
+			int rc = mkv_seq_append(dr->seqs, dr->nseq, l, k, v, MKV_DTYPE_F32);
+			cr_assert_eq(rc, 0, "append: %s", mkv_strerror(rc));
+		}
+		for (uint32_t i = 0; i < dr->nseq; i++)
+			dr->truth[i].n++;
+		for (uint32_t i = 0; i < dr->nseq; i++) {
+			/* The test hook: swaps forced at random steps. */
+			uint64_t x = rng_next(&rng) % 8;
+			if (x == 0)
+				mkv_seq_flush(dr->seqs[i], (uint32_t)(rng_next(&rng) % t0->L));
+			else if (x == 1)
+				mkv_seq_flush(dr->seqs[i], UINT32_MAX);
+			if (x <= 1 && rng_next(&rng) % 2)
+				mkv_seq_sync(dr->seqs[i]);
+			for (uint32_t l = 0; l < t0->L; l++) {
+				double e = attend_error(dr->seqs[i], &dr->truth[i], l, &rng);
+				dr->maxerr = e > dr->maxerr ? e : dr->maxerr;
+			}
+		}
+	}
+	for (uint32_t i = 0; i < dr->nseq; i++) {
+		mkv_seq_sync(dr->seqs[i]);
+		struct mkv_seq_stats st = {.size = sizeof st};
+		cr_assert_eq(mkv_seq_get_stats(dr->seqs[i], &st), 0);
+		cr_assert_eq(st.tokens, dr->truth[i].n, "tokens %llu, appended %u",
+			     (unsigned long long)st.tokens, dr->truth[i].n);
+		cr_assert_eq(st.finalize_failed, 0);
+		dr->swaps += st.swaps;
+		for (uint32_t l = 0; l < t0->L; l++) {
+			double e = attend_error(dr->seqs[i], &dr->truth[i], l, &rng);
+			dr->maxerr = e > dr->maxerr ? e : dr->maxerr;
+		}
+	}
+	free(k);
+	free(v);
+	return NULL;
+}
+
+static void no_token_lost(uint32_t nseq, uint32_t threads, uint32_t steps)
+{
+	const uint32_t L = 2, H = 2, G = 2, d = 64, n0 = 200;
+	uint64_t seed = fresh_seed(), rng = seed;
+	struct mkv_store *st = host_store((size_t)2 << 20); /* segments spill */
+	struct mkv_seq_opts o;
+	exact_opts(&o, L, H, G, d);
+	struct mkv_seq **seqs = calloc(nseq, sizeof(*seqs));
+	struct truth *truth = calloc(nseq, sizeof(*truth));
+	for (uint32_t i = 0; i < nseq; i++) {
+		truth_init(&truth[i], L, H, G, d, n0 + steps);
+		fill_random(&truth[i], 0, n0, &rng);
+		int rc = mkv_seq_open(st, &o, 1000 + i, &seqs[i]);
+		cr_assert_eq(rc, 0, "open: %s", mkv_strerror(rc));
+		prefill_all(seqs[i], &truth[i], n0);
+	}
+	if (threads > nseq)
+		threads = nseq;
+	pthread_t th[8];
+	struct driver dr[8];
+	for (uint32_t t = 0; t < threads; t++) {
+		uint32_t a = nseq * t / threads, b = nseq * (t + 1) / threads;
+		dr[t] = (struct driver){.seqs = seqs + a, .truth = truth + a,
+					.nseq = b - a, .steps = steps,
+					.seed = seed * (t + 7) + 1};
+		pthread_create(&th[t], NULL, drive, &dr[t]);
+	}
+	double maxerr = 0;
+	uint64_t swaps = 0;
+	for (uint32_t t = 0; t < threads; t++) {
+		pthread_join(th[t], NULL);
+		maxerr = dr[t].maxerr > maxerr ? dr[t].maxerr : maxerr;
+		swaps += dr[t].swaps;
+	}
+	cr_assert(maxerr < 1e-5, "seed %llu: %u sequences: max relative error %.3g",
+		  (unsigned long long)seed, nseq, maxerr);
+	/* Every sequence crossed at least one swap (prefill leaves an open
+	 * segment; max_segment closes it). */
+	cr_assert(swaps >= nseq, "seed %llu: only %llu swaps", (unsigned long long)seed,
+		  (unsigned long long)swaps);
+	struct mkv_store_stats ss = {.size = sizeof ss};
+	cr_assert_eq(mkv_store_get_stats(st, &ss), 0);
+	cr_assert(ss.tier[MKV_TIER_HOST].segments > 0, "nothing spilled below HBM");
+	for (uint32_t i = 0; i < nseq; i++) {
+		cr_assert_eq(mkv_seq_close(seqs[i]), 0);
+		free(truth[i].k);
+		free(truth[i].v);
+	}
+	cr_assert_eq(mkv_store_get_stats(st, &ss), 0);
+	for (int t = 0; t < MKV_TIER_COUNT; t++)
+		cr_assert_eq(ss.tier[t].segments, 0, "close left segments in tier %d", t);
+	free(seqs);
+	free(truth);
+	mkv_store_destroy(st);
+}
+
+Test(sequence, no_token_lost_1_seq, .timeout = 120) { no_token_lost(1, 1, 160); }
+Test(sequence, no_token_lost_8_seqs_4_threads, .timeout = 240) { no_token_lost(8, 4, 80); }
+Test(sequence, no_token_lost_64_seqs_4_threads, .timeout = 600) { no_token_lost(64, 4, 24); }
+
+/* ---------------------------------------------------------------------- */
+/* The swap never makes things worse. */
+
+Test(sequence, swap_not_worse_on_drifting_data, .timeout = 120)
+{
+	const uint32_t L = 1, H = 1, G = 4, d = 64, n0 = 512, steps = 256;
+	uint64_t seed = fresh_seed(), rng = seed;
+	struct mkv_store *st = host_store((size_t)64 << 20);
+	struct mkv_seq_opts o;
+	exact_opts(&o, L, H, G, d);
+	o.r = 16; /* 25% of the channels: compression on */
+	o.store_dtype = MKV_DTYPE_BF16;
+	o.prefill_segment = 512;
+	o.max_segment = 4096; /* no automatic close during the test */
+	o.min_segment = 4096;
+	o.window = 0;
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0 + steps);
+	/* Low-rank data whose principal directions change between the
+	 * prefill and the decode tokens: the temporary compression (with the
+	 * prefill's rotation) fits the new tokens badly. */
+	float A[2][8][64];
+	for (int p = 0; p < 2; p++)
+		for (int j = 0; j < 8; j++)
+			for (uint32_t c = 0; c < d; c++)
+				A[p][j][c] = rng_normal(&rng);
+	for (uint32_t i = 0; i < n0 + steps; i++) {
+		int p = i >= n0;
+		float z[8], zv[8];
+		for (int j = 0; j < 8; j++) {
+			z[j] = rng_normal(&rng) * (float)(8 - j);
+			zv[j] = rng_normal(&rng) * (float)(8 - j);
+		}
+		for (uint32_t c = 0; c < d; c++) {
+			float x = 0.05f * rng_normal(&rng), y = 0.05f * rng_normal(&rng);
+			for (int j = 0; j < 8; j++) {
+				x += z[j] * A[p][j][c];
+				y += zv[j] * A[1 - p][j][c];
+			}
+			tk(&t, 0, 0, i)[c] = x;
+			tv(&t, 0, 0, i)[c] = y;
+		}
+	}
+	struct mkv_seq *s;
+	cr_assert_eq(mkv_seq_open(st, &o, 1, &s), 0);
+	prefill_all(s, &t, n0);
+	for (uint32_t i = n0; i < n0 + steps; i++) {
+		cr_assert_eq(mkv_seq_append(&s, 1, 0, tk(&t, 0, 0, i), tv(&t, 0, 0, i),
+					    MKV_DTYPE_F32), 0);
+		t.n++;
+	}
+	double before = 0, after = 0;
+	uint64_t r1 = seed ^ 0x5555, r2 = r1;
+	for (int qn = 0; qn < 32; qn++)
+		before += attend_error(s, &t, 0, &r1);
+	cr_assert_eq(mkv_seq_flush(s, 0), 0);
+	cr_assert_eq(mkv_seq_sync(s), 0);
+	struct mkv_seq_stats ss = {.size = sizeof ss};
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(ss.swaps, 1, "swaps %llu", (unsigned long long)ss.swaps);
+	for (int qn = 0; qn < 32; qn++)
+		after += attend_error(s, &t, 0, &r2); /* the same queries */
+	cr_assert(after <= before, "seed %llu: error after the swap %.4f > before %.4f",
+		  (unsigned long long)seed, after / 32, before / 32);
+	mkv_seq_close(s);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* A failed finalization loses nothing. */
+
+Test(sequence, failed_job_keeps_temporary_segment, .timeout = 120)
+{
+	const uint32_t L = 1, H = 2, G = 2, d = 64, n0 = 256;
+	uint64_t seed = fresh_seed(), rng = seed;
+	struct tier *inner = NULL, *tiers[MKV_TIER_COUNT] = {0};
+	cr_assert_eq(hbm_tier_create((size_t)64 << 20, -1, &inner), 0);
+	cr_assert_eq(fault_tier_create(inner, &tiers[MKV_TIER_HBM]), 0);
+	struct mkv_store_opts so;
+	mkv_store_opts_init(&so, sizeof so);
+	so.gpu = -1;
+	so.workers = 2;
+	struct mkv_store *st;
+	cr_assert_eq(store_create_with_tiers(&so, tiers, &st), 0);
+	struct mkv_seq_opts o;
+	exact_opts(&o, L, H, G, d);
+	o.max_segment = 4096;
+	o.min_segment = 4096;
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0 + 64);
+	fill_random(&t, 0, n0 + 64, &rng);
+	struct mkv_seq *s;
+	cr_assert_eq(mkv_seq_open(st, &o, 9, &s), 0);
+	prefill_all(s, &t, n0);
+	for (uint32_t i = n0; i < n0 + 64; i++) {
+		float k[2 * 64], v[2 * 64];
+		for (uint32_t h = 0; h < H; h++) {
+			memcpy(k + h * d, tk(&t, 0, h, i), sizeof(float) * d);
+			memcpy(v + h * d, tv(&t, 0, h, i), sizeof(float) * d);
+		}
+		cr_assert_eq(mkv_seq_append(&s, 1, 0, k, v, MKV_DTYPE_F32), 0);
+		t.n++;
+	}
+	/* Every put fails from now on: the workers' jobs cannot store. */
+	fault_tier_arm(store_tier(st, MKV_TIER_HBM), FAULT_OP_PUT, 1,
+		       FAULT_ERRNO, EIO, 1000);
+	cr_assert_eq(mkv_seq_flush(s, 0), 0);
+	cr_assert_eq(mkv_seq_sync(s), 0);
+	struct mkv_seq_stats ss = {.size = sizeof ss};
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert(ss.finalize_failed >= H, "failures %llu", (unsigned long long)ss.finalize_failed);
+	cr_assert_eq(ss.last_error, -EIO, "last error %lld", (long long)ss.last_error);
+	cr_assert_eq(ss.swaps, 0);
+	cr_assert(ss.segments_pending >= H);
+	/* Still every token, exactly. */
+	double e = attend_error(s, &t, 0, &rng);
+	cr_assert(e < 1e-5, "seed %llu: error %.3g with failed jobs", (unsigned long long)seed, e);
+	/* Repaired: the retry at the next flush succeeds. */
+	fault_tier_disarm(store_tier(st, MKV_TIER_HBM));
+	cr_assert_eq(mkv_seq_flush(s, 0), 0);
+	cr_assert_eq(mkv_seq_sync(s), 0);
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(ss.segments_pending, 0);
+	cr_assert(ss.swaps >= H);
+	e = attend_error(s, &t, 0, &rng);
+	cr_assert(e < 1e-5, "seed %llu: error %.3g after the retry", (unsigned long long)seed, e);
+	mkv_seq_close(s);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Back-pressure bounds the lag. */
+
+Test(sequence, backpressure_bounds_lag, .timeout = 120)
+{
+	const uint32_t L = 2, H = 4, G = 1, d = 128, n0 = 128, steps = 700;
+	uint64_t seed = fresh_seed(), rng = seed;
+	struct mkv_store *st = host_store((size_t)64 << 20);
+	struct mkv_seq_opts o;
+	exact_opts(&o, L, H, G, d);
+	o.prefill_segment = 128;
+	o.max_segment = 65536;
+	o.min_segment = 65536; /* nothing closes by itself */
+	o.lag_cap = (size_t)1 << 20;
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0 + steps);
+	fill_random(&t, 0, n0 + steps, &rng);
+	struct mkv_seq *s;
+	cr_assert_eq(mkv_seq_open(st, &o, 3, &s), 0);
+	prefill_all(s, &t, n0);
+	float *k = malloc(sizeof(float) * H * d), *v = malloc(sizeof(float) * H * d);
+	struct mkv_seq_stats ss = {.size = sizeof ss};
+	for (uint32_t i = n0; i < n0 + steps; i++) {
+		for (uint32_t l = 0; l < L; l++) {
+			for (uint32_t h = 0; h < H; h++) {
+				memcpy(k + h * d, tk(&t, l, h, i), sizeof(float) * d);
+				memcpy(v + h * d, tv(&t, l, h, i), sizeof(float) * d);
+			}
+			cr_assert_eq(mkv_seq_append(&s, 1, l, k, v, MKV_DTYPE_F32), 0);
+		}
+		t.n++;
+		cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+		cr_assert(ss.lag_bytes <= o.lag_cap, "lag %llu bytes > cap",
+			  (unsigned long long)ss.lag_bytes);
+	}
+	cr_assert(ss.sync_finalized > 0, "the cap never forced a synchronous finalization");
+	for (uint32_t l = 0; l < L; l++) {
+		double e = attend_error(s, &t, l, &rng);
+		cr_assert(e < 1e-5, "seed %llu: error %.3g", (unsigned long long)seed, e);
+	}
+	free(k);
+	free(v);
+	mkv_seq_close(s);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Bad input changes nothing. */
+
+Test(sequence, bad_input_changes_nothing, .timeout = 60)
+{
+	const uint32_t L = 1, H = 1, G = 1, d = 64, n0 = 100;
+	uint64_t rng = fresh_seed();
+	struct mkv_store *st = host_store((size_t)16 << 20);
+	struct mkv_seq_opts o;
+	exact_opts(&o, L, H, G, d);
+	struct mkv_seq *s = (struct mkv_seq *)0x1;
+	struct mkv_seq_opts bad = o;
+	bad.size = 3;
+	cr_assert_eq(mkv_seq_open(st, &bad, 1, &s), -EINVAL);
+	cr_assert_eq(s, (struct mkv_seq *)0x1, "out written on failure");
+	bad = o;
+	bad.r = d + 1;
+	cr_assert_eq(mkv_seq_open(st, &bad, 1, &s), -EINVAL);
+	cr_assert_eq(mkv_seq_open(NULL, &o, 1, &s), -EINVAL);
+	cr_assert_eq(mkv_seq_opts_init(&o, 5), -EINVAL);
+	cr_assert_eq(mkv_seq_open(st, &o, 1, &s), 0);
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0 + 1);
+	fill_random(&t, 0, n0 + 1, &rng);
+	prefill_all(s, &t, n0);
+	/* A second prefill of the same layer is refused. */
+	cr_assert_eq(mkv_seq_prefill(s, 0, t.k, t.v, MKV_DTYPE_F32, n0), -EINVAL);
+	cr_assert_eq(mkv_seq_prefill(s, 1, t.k, t.v, MKV_DTYPE_F32, n0), -EINVAL);
+	float k[64], v[64], q[64], out[64];
+	memcpy(k, tk(&t, 0, 0, n0), sizeof k);
+	memcpy(v, tv(&t, 0, 0, n0), sizeof v);
+	k[5] = NAN;
+	cr_assert_eq(mkv_seq_append(&s, 1, 0, k, v, MKV_DTYPE_F32), -MKV_ENONFINITE);
+	k[5] = INFINITY;
+	cr_assert_eq(mkv_seq_append(&s, 1, 0, k, v, MKV_DTYPE_F32), -MKV_ENONFINITE);
+	cr_assert_eq(mkv_seq_append(&s, 1, 1, k, v, MKV_DTYPE_F32), -EINVAL);
+	cr_assert_eq(mkv_seq_append(NULL, 1, 0, k, v, MKV_DTYPE_F32), -EINVAL);
+	cr_assert_eq(mkv_seq_append(&s, 1, 0, k, v, (enum mkv_dtype)7), -EINVAL);
+	for (int i = 0; i < 64; i++)
+		q[i] = 0.1f * (float)i;
+	cr_assert_eq(mkv_seq_attend(s, 1, q, out, NULL), -EINVAL);
+	q[3] = NAN;
+	cr_assert_eq(mkv_seq_attend(s, 0, q, out, NULL), -MKV_ENONFINITE);
+	cr_assert_eq(mkv_seq_flush(s, 7), -EINVAL);
+	struct mkv_seq_stats ss = {.size = 1};
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), -EINVAL);
+	ss.size = sizeof ss;
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(ss.tokens, n0, "a refused call changed the token count");
+	/* Nothing changed: still exact over the prefill. */
+	double e = attend_error(s, &t, 0, &rng);
+	cr_assert(e < 1e-5, "error %.3g after refused calls", e);
+	mkv_seq_close(s);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
