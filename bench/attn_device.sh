@@ -1,0 +1,47 @@
+#!/bin/bash
+# Build, test and time the GPU part on the GPU machine in one go (see
+# ../shared/device/README.md).  Run from the repository root with
+# .devdeps/ carried; logs go to $OUT (or ./out).  Builds only the GPU
+# targets, outside the tree, so that other components' work in progress
+# does not stop it.
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+B=/tmp/b
+. .devdeps/env.sh
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+meson setup $B -Dcuda=enabled -Dtests=true > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+ninja -C $B tests/gpu/test_gpu_attn tests/gpu/test_gpu_pack bench/attn > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+echo "== tests"
+timeout 150 meson test -C $B --no-rebuild --print-errorlogs test_gpu_attn test_gpu_pack > "$OUT/test.log" 2>&1
+grep -E "^ *[0-9]+/[0-9]+ |Ok:|Fail:|Skipped:" "$OUT/test.log"
+grep -E "\[FAIL\]|Assertion|Synthesis|rel err" "$OUT/test.log" | head -30
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  echo "== sdpa"
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/attn_sdpa.py > "$OUT/sdpa.txt" 2>&1
+  cat "$OUT/sdpa.txt"
+  echo "== bench"
+  timeout 200 $B/bench/attn --sdpa "$OUT/sdpa.txt" ${ATTN_ARGS:-} > "$OUT/bench.log" 2>&1
+  cat "$OUT/bench.log"
+fi
+if [ "${SANITIZE:-1}" = 1 ]; then
+  echo "== compute-sanitizer"
+  for tool in memcheck racecheck; do
+    for t in ${SAN_TESTS:-test_gpu_attn test_gpu_pack}; do
+      timeout ${SAN_T:-60} compute-sanitizer --tool $tool --target-processes all --print-limit 20 \
+        $B/tests/gpu/$t > "$OUT/san_${tool}_$t.log" 2>&1
+      echo "$tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$OUT/san_${tool}_$t.log" | tr '\n' ' ')"
+    done
+  done
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  echo "== ncu"
+  timeout ${NCU_T:-200} ncu --clock-control none --kernel-name-base function \
+    --kernel-name regex:'^k_(qrot|score|select|attn_packed_tc|attn_packed|merge)$' --launch-count ${NCU_N:-6} \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters \
+    --metrics smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__bytes_read.sum \
+    $B/bench/attn --ctx 1048576 --batch 1 --once 1 > "$OUT/ncu.log" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  k_|Duration|DRAM Throughput|Achieved Occupancy|inst_executed|bank_conflicts|Warp Cycles Per Issued|Stall|stall" "$OUT/ncu.log" | head -80
+fi

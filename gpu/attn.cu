@@ -1,0 +1,2291 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Decode attention on the GPU: block scoring and selection, PackedAttention,
+ * and the dense flash-decoding and Quest baselines.  CPU references:
+ * mkv_score_blocks, mkv_select_blocks, mkv_attend_packed, mkv_attend_dense,
+ * mkv_attend_quest (mosaickv/attention.c).
+ *
+ * One step over H contexts (sequence × KV head) is five launches:
+ *   qrot    q'_seg = R_k,seg q for every segment (R_k read once per step);
+ *   score   one thread per block: Σ_c max(q'_c min_c, q'_c max_c) over the
+ *           first S channels, max over the group's query heads — the CPU's
+ *           operation order, so equal q' give bitwise-equal scores;
+ *   select  one CTA per context: weighted radix select (3 passes of 11/11/10
+ *           bits over L2-resident scores, weights = tokens per block) for the
+ *           cut-off key, ties to the lower block index, then an ordered
+ *           compaction and the chunk list (selected blocks of one segment in
+ *           one aligned window of GPU_CHUNK_W blocks);
+ *   attn    one CTA per chunk (+ buffer chunks + window tiles): warps take
+ *           blocks, split-K with online softmax in exp2 domain, values
+ *           accumulated in the segment's rotated V space, CTA-merged and
+ *           rotated back once per chunk (o = o' R_v);
+ *   merge   flash-decoding merge of all partials.
+ */
+#include <math.h>
+#include <string.h>
+#include <cuda_fp16.h>
+#include "common.cuh"
+
+/* ------------------------------------------------------------------ */
+/* Scratch layout (per context, offsets in bytes, 256-aligned).        */
+
+#define WIN_TILE 256   /* window tokens per CTA */
+#define HIST_HI 2048   /* bins of key bits 31..21 */
+#define HIST_LO 65536  /* bins of key bits 31..16 */
+#define HIST_WORDS (HIST_HI + HIST_LO)
+#define DENSE_T 1024   /* dense-kernel tokens per CTA */
+#define NQP(nq) ((nq) == 3 ? 4 : (nq))
+
+struct ws_layout {
+	size_t qr, scores, ntok, sel, selseg, selkey, chunk, counts, part_o, part_ml;
+	size_t per_head;
+	size_t base; /* per-head regions start here; histograms before */
+	uint32_t max_chunks, buf_chunks, win_tiles, slots;
+};
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+enum ws_mode { WS_PACKED = 0, WS_QUEST = 1, WS_DENSE = 2 };
+
+static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
+{
+	struct ws_layout L;
+	memset(&L, 0, sizeof L);
+	size_t nb = a->max_blocks, ns = a->max_segs;
+	L.win_tiles = (a->max_win + WIN_TILE - 1) / WIN_TILE;
+	if (m == WS_DENSE) {
+		size_t ntok = (size_t)a->max_blocks * a->quest_b;
+		L.max_chunks = (uint32_t)((ntok + DENSE_T - 1) / DENSE_T);
+	} else {
+		L.max_chunks = (uint32_t)(nb / GPU_CHUNK_W + (m == WS_PACKED ? ns : 1) + 1);
+		if (m == WS_PACKED)
+			L.buf_chunks = (a->max_buf_blocks + GPU_CHUNK_W - 1) / GPU_CHUNK_W;
+	}
+	L.slots = L.max_chunks + L.buf_chunks + L.win_tiles;
+	L.base = al256((size_t)a->n_heads * HIST_WORDS * 4);
+	size_t off = 0;
+	L.qr = off;
+	off += al256((ns + 1) * GPU_MAX_D * NQP(a->nq) * sizeof(float));
+	L.scores = off;
+	off += al256(nb * sizeof(float));
+	L.ntok = off;
+	off += al256(nb);
+	L.sel = off;
+	off += al256(nb * 4);
+	L.selseg = off;
+	off += al256(nb * 4);
+	L.selkey = off;
+	off += al256(nb * 4);
+	L.counts = off;
+	off += 256;
+	L.chunk = off;
+	off += al256(((size_t)L.max_chunks + 1) * 4);
+	L.part_o = off;
+	off += al256((size_t)L.slots * a->nq * a->d * sizeof(float));
+	L.part_ml = off;
+	off += al256((size_t)L.slots * a->nq * 2 * sizeof(float));
+	L.per_head = off;
+	return L;
+}
+
+size_t gpu_attn_ws_bytes(const struct gpu_attn_args *a)
+{
+	if (!a)
+		return 0;
+	size_t m = 0;
+	for (int i = 0; i < 3; i++) {
+		struct ws_layout L = ws_plan(a, (enum ws_mode)i);
+		size_t t = L.base + L.per_head * a->n_heads;
+		m = t > m ? t : m;
+	}
+	return m;
+}
+
+int gpu_attn_ws_init(const struct gpu_attn_args *a, cudaStream_t s)
+{
+	if (!a || !a->ws || a->ws_bytes < gpu_attn_ws_bytes(a))
+		return -EINVAL;
+	GPU_CK(cudaMemsetAsync(a->ws, 0, (size_t)a->n_heads * HIST_WORDS * 4, s));
+	return 0;
+}
+
+int gpu_device_ok(void)
+{
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+		cudaGetLastError();
+		return 0;
+	}
+	if (e != cudaSuccess)
+		return gpu_errno(e);
+	return n > 0;
+}
+
+#define WSP(T, L, field, ws, h) \
+	((T *)((char *)(ws) + (L).base + (size_t)(h) * (L).per_head + (L).field))
+/* Per-context weight histograms of the score keys: cleared by a memset at
+ * the start of each step, filled by the score kernel, read by select. */
+#define HIST(ws, h) ((uint32_t *)(ws) + (size_t)(h) * HIST_WORDS)
+
+/* Orderable key of a float score; -0 and +0 compare equal as on the CPU. */
+__device__ __forceinline__ uint32_t fkey(float f)
+{
+	uint32_t u = __float_as_uint(f + 0.0f);
+	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+template <int NQ>
+__device__ __forceinline__ void loadq(const float *p, float (&v)[NQ])
+{
+	if constexpr (NQ % 4 == 0) {
+#pragma unroll
+		for (int i = 0; i < NQ; i += 4) {
+			float4 t = *(const float4 *)(p + i);
+			v[i] = t.x; v[i + 1] = t.y; v[i + 2] = t.z; v[i + 3] = t.w;
+		}
+	} else if constexpr (NQ == 3) {
+		float4 t = *(const float4 *)p;
+		v[0] = t.x; v[1] = t.y; v[2] = t.z;
+	} else if constexpr (NQ == 2) {
+		float2 t = *(const float2 *)p;
+		v[0] = t.x; v[1] = t.y;
+	} else {
+		v[0] = p[0];
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* qrot: q'[seg][c][h] = Σ_j R_k[c][j] q_h[j], c < dk (unscaled).      */
+
+#define QROT_LD (GPU_MAX_D + 8) /* padded bf16 row: conflict-free 16-byte reads */
+
+template <int NQ>
+__global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, const float *q,
+					      uint32_t d, char *ws, struct ws_layout L)
+{
+	__shared__ __align__(16) uint16_t Rs[GPU_MAX_D * QROT_LD];
+	__shared__ __align__(16) float qsm[GPU_MAX_D * 8]; /* [j][h] */
+	const struct gpu_head *H = &heads[blockIdx.y];
+	uint32_t si = blockIdx.x, nseg = H->nseg;
+	const struct gpu_seg *sg;
+	if (si < nseg)
+		sg = &H->segs[si];
+	else if (si == nseg && H->buf)
+		sg = H->buf;
+	else
+		return;
+	const uint16_t *R = sg->k_rot;
+	uint32_t dk = sg->k_dk;
+	/* the whole rotation in one round trip */
+	uint32_t cpr = d / 8; /* 16-byte pieces per row */
+	for (uint32_t i = threadIdx.x; i < dk * cpr; i += blockDim.x) {
+		uint32_t c = i / cpr, k = i % cpr;
+		uint32_t sa = (uint32_t)__cvta_generic_to_shared(Rs + c * QROT_LD + k * 8);
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa),
+			     "l"(R + (size_t)c * d + k * 8));
+	}
+	asm volatile("cp.async.commit_group;");
+	constexpr int P = NQP(NQ);
+	const float *qh = q + (size_t)blockIdx.y * NQ * d;
+	for (uint32_t i = threadIdx.x; i < NQ * d; i += blockDim.x)
+		qsm[(i % d) * 8 + i / d] = qh[i];
+	asm volatile("cp.async.wait_group 0;" ::: "memory");
+	__syncthreads();
+	float *qr = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * GPU_MAX_D * P;
+	for (uint32_t o = threadIdx.x; o < dk * NQ; o += blockDim.x) {
+		uint32_t c = o / NQ, h = o % NQ;
+		const uint16_t *row = Rs + c * QROT_LD;
+		float acc = 0.0f;
+		for (uint32_t j8 = 0; j8 < d / 8; j8++) {
+			uint4 w = *(const uint4 *)(row + j8 * 8);
+			float x[8];
+			unpack8(w, x);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				acc = fmaf(x[e], qsm[(j8 * 8 + e) * 8 + h], acc);
+		}
+		qr[(size_t)c * P + h] = acc;
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* score: one thread per history block.                                */
+
+__device__ __forceinline__ uint32_t seg_of_block(const struct gpu_seg *segs, uint32_t nseg,
+						 uint32_t gb)
+{
+	uint32_t lo = 0, hi = nseg - 1;
+	while (lo < hi) {
+		uint32_t mid = (lo + hi + 1) >> 1;
+		if (segs[mid].block0 <= gb)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+template <int NQ>
+__device__ __forceinline__ float bound_score(const float *qp, int ldq, const uint16_t *mn,
+					     const uint16_t *mx, uint32_t S)
+{
+	float acc[NQ];
+#pragma unroll
+	for (int h = 0; h < NQ; h++)
+		acc[h] = 0.0f;
+	if ((S & 31) == 0 && ((uintptr_t)mn & 15) == 0 && ((uintptr_t)mx & 15) == 0) {
+		/* 32 channels at a time: all 8 loads in flight before the math */
+		for (uint32_t c32 = 0; c32 < S; c32 += 32) {
+			uint4 a[4], b[4];
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				a[u] = __ldg((const uint4 *)(mn + c32 + 8 * u));
+				b[u] = __ldg((const uint4 *)(mx + c32 + 8 * u));
+			}
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				float fa[8], fb[8];
+				unpack8(a[u], fa);
+				unpack8(b[u], fb);
+#pragma unroll
+				for (int e = 0; e < 8; e++) {
+					float qv[NQ];
+					loadq<NQ>(qp + (size_t)(c32 + 8 * u + e) * ldq, qv);
+#pragma unroll
+					for (int h = 0; h < NQ; h++)
+						acc[h] = __fadd_rn(acc[h], fmaxf(__fmul_rn(qv[h], fa[e]),
+										 __fmul_rn(qv[h], fb[e])));
+				}
+			}
+		}
+	} else if ((S & 7) == 0 && ((uintptr_t)mn & 15) == 0 && ((uintptr_t)mx & 15) == 0) {
+		for (uint32_t c0 = 0; c0 < S; c0 += 8) {
+			uint4 a = *(const uint4 *)(mn + c0), b = *(const uint4 *)(mx + c0);
+			float fa[8], fb[8];
+			unpack8(a, fa);
+			unpack8(b, fb);
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				float qv[NQ];
+				loadq<NQ>(qp + (size_t)(c0 + e) * ldq, qv);
+#pragma unroll
+				for (int h = 0; h < NQ; h++)
+					acc[h] = __fadd_rn(acc[h], fmaxf(__fmul_rn(qv[h], fa[e]),
+									 __fmul_rn(qv[h], fb[e])));
+			}
+		}
+	} else {
+		for (uint32_t c = 0; c < S; c++) {
+			float qv[NQ];
+			loadq<NQ>(qp + (size_t)c * ldq, qv);
+			float a = bf1(mn[c]), b = bf1(mx[c]);
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				acc[h] = __fadd_rn(acc[h], fmaxf(__fmul_rn(qv[h], a), __fmul_rn(qv[h], b)));
+		}
+	}
+	float best = acc[0];
+#pragma unroll
+	for (int h = 1; h < NQ; h++)
+		best = fmaxf(best, acc[h]);
+	return best;
+}
+
+/* Add block gb's weight to the context's key histograms: warp-aggregated
+ * into shared memory (hi) and straight to global memory (lo).  All lanes
+ * of the warp must call it. */
+__device__ __forceinline__ void hist_add(uint32_t *sh_hi, uint32_t *g_lo, bool valid, float sc,
+					 uint32_t w)
+{
+	uint32_t k = fkey(sc);
+	uint32_t hb = valid ? k >> 21 : 0xffffffffu, lb = valid ? k >> 16 : 0xffffffffu;
+	uint32_t lane = threadIdx.x & 31;
+	uint32_t peers = __match_any_sync(0xffffffffu, hb);
+	uint32_t sum = __reduce_add_sync(peers, valid ? w : 0u);
+	if (valid && lane == (uint32_t)(__ffs(peers) - 1))
+		atomicAdd(&sh_hi[hb], sum);
+	peers = __match_any_sync(0xffffffffu, lb);
+	sum = __reduce_add_sync(peers, valid ? w : 0u);
+	if (valid && lane == (uint32_t)(__ffs(peers) - 1))
+		atomicAdd(&g_lo[lb], sum);
+}
+
+__device__ __forceinline__ void hist_flush(const uint32_t *sh_hi, uint32_t *g_hi)
+{
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < HIST_HI; i += blockDim.x)
+		if (sh_hi[i])
+			atomicAdd(&g_hi[i], sh_hi[i]);
+}
+
+template <int NQ>
+__global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, char *ws,
+					       struct ws_layout L)
+{
+	__shared__ uint32_t sh_hi[HIST_HI];
+	const struct gpu_head *H = &heads[blockIdx.y];
+	uint32_t nb = H->n_blocks;
+	if (blockIdx.x * blockDim.x >= nb)
+		return; /* whole CTA */
+	for (uint32_t i = threadIdx.x; i < HIST_HI; i += blockDim.x)
+		sh_hi[i] = 0;
+	__syncthreads();
+	__shared__ uint32_t sh_si0;
+	if (threadIdx.x == 0)
+		sh_si0 = seg_of_block(H->segs, H->nseg, blockIdx.x * blockDim.x);
+	__syncthreads();
+	uint32_t gb = blockIdx.x * blockDim.x + threadIdx.x;
+	bool valid = gb < nb;
+	float sc = 0.0f;
+	uint32_t w = 0;
+	if (valid) {
+		/* usually the CTA's first segment; else walk forward */
+		uint32_t si = sh_si0;
+		while (si + 1 < H->nseg && H->segs[si + 1].block0 <= gb)
+			si++;
+		const struct gpu_seg *sg = &H->segs[si];
+		uint32_t j = gb - sg->block0, S = sg->S;
+		constexpr int P = NQP(NQ);
+		const float *qp = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * GPU_MAX_D * P;
+		sc = bound_score<NQ>(qp, P, sg->s_min + (size_t)j * S, sg->s_max + (size_t)j * S, S);
+		w = min(sg->b, sg->n - j * sg->b);
+		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
+		WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
+	}
+	uint32_t *hist = HIST(ws, blockIdx.y);
+	hist_add(sh_hi, hist + HIST_HI, valid && gb >= 1, sc, w);
+	hist_flush(sh_hi, hist);
+}
+
+/* Quest: bounds over all d channels of the dense keys, q unrotated. */
+template <int NQ>
+__global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head *heads,
+						     const float *q, uint32_t d, uint32_t qb,
+						     char *ws, struct ws_layout L)
+{
+	__shared__ uint32_t sh_hi[HIST_HI];
+	const struct gpu_dense_head *H = &heads[blockIdx.y];
+	uint32_t nb = (uint32_t)((H->n + qb - 1) / qb);
+	if (blockIdx.x * blockDim.x >= nb)
+		return;
+	constexpr int P = NQP(NQ);
+	__shared__ float qs[GPU_MAX_D * P];
+	const float *qh = q + (size_t)blockIdx.y * NQ * d;
+	for (uint32_t i = threadIdx.x; i < d * NQ; i += blockDim.x)
+		qs[(i % d) * P + i / d] = qh[i];
+	for (uint32_t i = threadIdx.x; i < HIST_HI; i += blockDim.x)
+		sh_hi[i] = 0;
+	__syncthreads();
+	uint32_t gb = blockIdx.x * blockDim.x + threadIdx.x;
+	bool valid = gb < nb;
+	float sc = 0.0f;
+	uint32_t w = 0;
+	if (valid) {
+		sc = bound_score<NQ>(qs, P, H->q_min + (size_t)gb * d, H->q_max + (size_t)gb * d, d);
+		w = (uint32_t)min((uint64_t)qb, H->n - (uint64_t)gb * qb);
+		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
+		WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
+	}
+	uint32_t *hist = HIST(ws, blockIdx.y);
+	hist_add(sh_hi, hist + HIST_HI, valid && gb >= 1, sc, w);
+	hist_flush(sh_hi, hist);
+}
+
+/* ------------------------------------------------------------------ */
+/* select: one CTA of 1024 threads per context.                        */
+
+#define SEL_T 1024
+#define SEL_U 8 /* loads in flight per lane in the passes over the scores */
+
+struct sel_src {
+	uint32_t nb, nseg;
+	uint64_t n_hist;
+	const struct gpu_seg *segs; /* NULL: one segment starting at block 0 */
+};
+
+__device__ __forceinline__ uint32_t block0_of(const struct sel_src &s, uint32_t si)
+{
+	return s.segs ? s.segs[si].block0 : 0;
+}
+
+/* Chunk key of a selected block: segment and aligned window of blocks. */
+__device__ __forceinline__ uint32_t chunk_key(uint32_t si, uint32_t i, uint32_t blk0)
+{
+	return (si << 8) | ((i - blk0) / GPU_CHUNK_W);
+}
+
+/* The general path (v1): three radix passes over all scores in global
+ * memory (L2), then an ordered compaction over contiguous per-thread
+ * ranges.  Used when the histogram path finds too many candidates (many
+ * equal scores).  Returns the number selected. */
+__device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mode, char *ws,
+				const struct ws_layout &L, uint32_t h)
+{
+	__shared__ uint32_t hist[2048];
+	__shared__ uint32_t scan_sh[33];
+	__shared__ uint32_t sh_digit, sh_above;
+	const float *scores = WSP(float, L, scores, ws, h);
+	const uint8_t *ntok = WSP(uint8_t, L, ntok, ws, h);
+	uint32_t *sel = WSP(uint32_t, L, sel, ws, h);
+	uint32_t *selseg = WSP(uint32_t, L, selseg, ws, h);
+	uint32_t tid = threadIdx.x, nb = src.nb;
+	uint32_t prefix = 0, pmask = 0;
+	uint64_t above = 0;
+	const int shifts[3] = {21, 10, 0};
+	const uint32_t dmasks[3] = {0x7ffu, 0x7ffu, 0x3ffu};
+	for (int pass = 0; pass < 3 && mode == 0; pass++) {
+		int sh = shifts[pass];
+		uint32_t dm = dmasks[pass];
+		for (uint32_t i = tid; i < 2048; i += SEL_T)
+			hist[i] = 0;
+		__syncthreads();
+		for (uint32_t b0 = 0; b0 < nb; b0 += SEL_T) {
+			uint32_t i = b0 + tid, bin = 0xffffffffu, wt = 0;
+			if (i >= 1 && i < nb) {
+				uint32_t k = fkey(scores[i]);
+				if ((k & pmask) == prefix) {
+					bin = (k >> sh) & dm;
+					wt = ntok[i];
+				}
+			}
+			/* aggregate equal bins of a warp: scores cluster in few bins */
+			uint32_t peers = __match_any_sync(0xffffffffu, bin);
+			uint32_t sum = __reduce_add_sync(peers, wt);
+			if (bin != 0xffffffffu && (tid & 31) == (uint32_t)(__ffs(peers) - 1))
+				atomicAdd(&hist[bin], sum);
+		}
+		__syncthreads();
+		/* thread t owns bins hb0 = 2047-2t and hb1 = 2046-2t (descending) */
+		uint32_t hb0 = 2047 - 2 * tid, hb1 = hb0 - 1;
+		uint32_t v0 = hist[hb0], v1 = hist[hb1], tot;
+		uint32_t ex = block_excl_scan(v0 + v1, scan_sh, &tot);
+		if (pass == 0 && (uint64_t)tot < need) {
+			mode = 1; /* everything fits the budget */
+			break;
+		}
+		uint64_t a0 = above + ex;
+		if (a0 < need && a0 + v0 >= need) {
+			sh_digit = hb0;
+			sh_above = ex;
+		} else if (a0 + v0 < need && a0 + v0 + v1 >= need) {
+			sh_digit = hb1;
+			sh_above = ex + v0;
+		}
+		__syncthreads();
+		prefix |= sh_digit << sh;
+		pmask |= dm << sh;
+		above += sh_above;
+		__syncthreads();
+	}
+	uint32_t kstar = prefix;
+	/* Final pass over contiguous ranges, in block order. */
+	uint32_t E = (nb + SEL_T - 1) / SEL_T;
+	uint32_t i0 = min(nb, tid * E), i1 = min(nb, i0 + E);
+	uint32_t tiew = 0;
+	if (mode == 0)
+		for (uint32_t i = max(i0, 1u); i < i1; i++)
+			if (fkey(scores[i]) == kstar)
+				tiew += ntok[i];
+	uint32_t tot;
+	uint32_t P0 = block_excl_scan(tiew, scan_sh, &tot), P = P0;
+	uint32_t cnt = 0;
+	for (uint32_t i = i0; i < i1; i++) {
+		bool s;
+		if (i == 0 || mode == 1)
+			s = true;
+		else if (mode == 2)
+			s = false;
+		else {
+			uint32_t k = fkey(scores[i]);
+			if (k > kstar)
+				s = true;
+			else if (k == kstar) {
+				s = above + P < need;
+				P += ntok[i];
+			} else
+				s = false;
+		}
+		cnt += s;
+	}
+	uint32_t nsel;
+	uint32_t off = block_excl_scan(cnt, scan_sh, &nsel);
+	P = P0;
+	if (i0 < i1) {
+		uint32_t si = 0;
+		if (src.segs) {
+			uint32_t lo = 0, hi = src.nseg - 1;
+			while (lo < hi) {
+				uint32_t mid = (lo + hi + 1) >> 1;
+				if (src.segs[mid].block0 <= i0)
+					lo = mid;
+				else
+					hi = mid - 1;
+			}
+			si = lo;
+		}
+		uint32_t *selkey = WSP(uint32_t, L, selkey, ws, h);
+		for (uint32_t i = i0; i < i1; i++) {
+			while (src.segs && si + 1 < src.nseg && src.segs[si + 1].block0 <= i)
+				si++;
+			bool s;
+			if (i == 0 || mode == 1)
+				s = true;
+			else if (mode == 2)
+				s = false;
+			else {
+				uint32_t k = fkey(scores[i]);
+				if (k > kstar)
+					s = true;
+				else if (k == kstar) {
+					s = above + P < need;
+					P += ntok[i];
+				} else
+					s = false;
+			}
+			if (s) {
+				sel[off] = i;
+				selseg[off] = si;
+				selkey[off] = chunk_key(si, i, block0_of(src, si));
+				off++;
+			}
+		}
+	}
+	__syncthreads();
+	return nsel;
+}
+
+/* Chunks: a new one where the chunk key (segment, aligned window of
+ * GPU_CHUNK_W blocks) changes.  Warp w handles list positions
+ * [w Q, (w+1) Q): count its chunk starts, scan the 32 counts, write the
+ * starts in order. */
+__device__ void build_chunks(const struct sel_src &src, uint32_t nsel, char *ws,
+			     const struct ws_layout &L, uint32_t h, uint32_t *scan_sh)
+{
+	const uint32_t *key = WSP(uint32_t, L, selkey, ws, h);
+	uint32_t *chunk = WSP(uint32_t, L, chunk, ws, h);
+	uint32_t *counts = WSP(uint32_t, L, counts, ws, h);
+	uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	uint32_t Q = (((nsel + 31) / 32) + 31) & ~31u;
+	uint32_t p0 = min(nsel, w * Q), p1 = min(nsel, p0 + Q);
+	uint32_t cnt = 0;
+	for (uint32_t b0 = p0; b0 < p1; b0 += 32 * SEL_U) {
+		uint32_t k1[SEL_U], k0[SEL_U];
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t p = b0 + 32 * u + lane;
+			k1[u] = p < p1 ? key[p] : 0;
+			k0[u] = p < p1 && p > 0 ? key[p - 1] : ~0u;
+		}
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t p = b0 + 32 * u + lane;
+			cnt += p < p1 && (p == 0 || k1[u] != k0[u]);
+		}
+	}
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+	if (lane == 0)
+		scan_sh[w] = cnt;
+	__syncthreads();
+	if (w == 0) {
+		uint32_t v = scan_sh[lane], x = v;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+			if (lane >= (uint32_t)o)
+				x += y;
+		}
+		scan_sh[lane] = x - v;
+		if (lane == 31)
+			scan_sh[32] = x;
+	}
+	__syncthreads();
+	uint32_t off = scan_sh[w];
+	for (uint32_t b0 = p0; b0 < p1; b0 += 32 * SEL_U) {
+		uint32_t k1[SEL_U], k0[SEL_U];
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t p = b0 + 32 * u + lane;
+			k1[u] = p < p1 ? key[p] : 0;
+			k0[u] = p < p1 && p > 0 ? key[p - 1] : ~0u;
+		}
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t p = b0 + 32 * u + lane;
+			bool f = p < p1 && (p == 0 || k1[u] != k0[u]);
+			uint32_t bal = __ballot_sync(0xffffffffu, f);
+			if (f)
+				chunk[off + __popc(bal & ((1u << lane) - 1u))] = p;
+			off += __popc(bal);
+		}
+	}
+	if (threadIdx.x == 0) {
+		chunk[scan_sh[32]] = nsel;
+		counts[0] = nsel;
+		counts[1] = scan_sh[32];
+	}
+}
+
+#define SEL_CAP 8192
+
+struct sel_smem {
+	uint32_t ckey[SEL_CAP]; /* candidate keys */
+	uint32_t ciw[SEL_CAP];  /* candidate (index << 8) | tokens */
+	uint32_t h[HIST_HI];
+	uint32_t wcnt[32], woff[32];
+	uint32_t scan[33];
+	uint32_t ncand, digit, abv, tie_max;
+};
+
+/*
+ * The fast path.  The score kernel left weight histograms of the keys' top
+ * 11 and top 16 bits; two look-ups narrow the cut-off to one 16-bit bin
+ * (1/128 of an octave), one coalesced pass collects that bin's blocks
+ * (typically a few hundred) into shared memory and counts, per warp, the
+ * blocks above it; two 8-bit passes over the candidates give the exact
+ * cut-off key; ties go to the lower index; a second coalesced pass writes
+ * the selection in block order.  Returns the number selected, or
+ * UINT32_MAX (nothing written) when the candidates overflow SEL_CAP.
+ */
+__device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mode, char *ws,
+				const struct ws_layout &L, uint32_t h, struct sel_smem &sm)
+{
+	const float *scores = WSP(float, L, scores, ws, h);
+	const uint8_t *ntok = WSP(uint8_t, L, ntok, ws, h);
+	uint32_t *sel = WSP(uint32_t, L, sel, ws, h);
+	uint32_t *selseg = WSP(uint32_t, L, selseg, ws, h);
+	const uint32_t *ghist = HIST(ws, h);
+	uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nb = src.nb;
+	uint64_t above = 0;
+	uint32_t prefix16 = 0xffffu; /* mode 2: nothing but the sink */
+	if (mode == 0) {
+		for (uint32_t i = tid; i < HIST_HI; i += SEL_T)
+			sm.h[i] = ghist[i];
+		__syncthreads();
+		uint32_t hb0 = 2047 - 2 * tid, hb1 = hb0 - 1;
+		uint32_t v0 = sm.h[hb0], v1 = sm.h[hb1], tot;
+		uint32_t ex = block_excl_scan(v0 + v1, sm.scan, &tot);
+		if ((uint64_t)tot < need) {
+			mode = 1;
+		} else {
+			uint64_t a0 = ex;
+			if (a0 < need && a0 + v0 >= need) {
+				sm.digit = hb0;
+				sm.abv = ex;
+			} else if (a0 + v0 < need && a0 + v0 + v1 >= need) {
+				sm.digit = hb1;
+				sm.abv = ex + v0;
+			}
+		}
+		__syncthreads();
+		if (mode == 0) {
+			uint32_t d1 = sm.digit;
+			above = sm.abv;
+			__syncthreads();
+			if (w == 0) {
+				uint32_t v = ghist[HIST_HI + (d1 << 5) + 31 - lane], x = v;
+#pragma unroll
+				for (int o = 1; o < 32; o <<= 1) {
+					uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+					if (lane >= (uint32_t)o)
+						x += y;
+				}
+				if (above + x - v < need && above + x >= need) {
+					sm.digit = 31 - lane;
+					sm.abv = x - v;
+				}
+			}
+			__syncthreads();
+			prefix16 = (d1 << 5) | sm.digit;
+			above += sm.abv;
+		}
+	}
+	if (mode == 1)
+		prefix16 = 0; /* every real key's top 16 bits are above 0 */
+	if (tid == 0)
+		sm.ncand = 0;
+	__syncthreads();
+	/* candidate pass, warp-contiguous ranges, SEL_U loads in flight per lane */
+	uint32_t R = (((nb + 31) / 32) + 31) & ~31u;
+	uint32_t r0 = min(nb, w * R), r1 = min(nb, r0 + R);
+	uint32_t cnt = 0;
+	for (uint32_t b0 = r0; b0 < r1; b0 += 32 * SEL_U) {
+		float sc[SEL_U];
+		uint32_t wt[SEL_U];
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t i = b0 + u * 32 + lane;
+			sc[u] = i < r1 ? scores[i] : 0.0f;
+			wt[u] = i < r1 ? ntok[i] : 0;
+		}
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t i = b0 + u * 32 + lane;
+			bool ok = i < r1 && i >= 1;
+			uint32_t k = fkey(sc[u]), t16 = k >> 16;
+			cnt += ok && t16 > prefix16;
+			bool cand = ok && t16 == prefix16;
+			uint32_t bal = __ballot_sync(0xffffffffu, cand);
+			if (bal) {
+				uint32_t basepos = 0;
+				if (lane == 0)
+					basepos = atomicAdd(&sm.ncand, (uint32_t)__popc(bal));
+				basepos = __shfl_sync(0xffffffffu, basepos, 0);
+				uint32_t pos = basepos + __popc(bal & ((1u << lane) - 1u));
+				if (cand && pos < SEL_CAP) {
+					sm.ckey[pos] = k;
+					sm.ciw[pos] = (i << 8) | wt[u];
+				}
+			}
+		}
+	}
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+	if (lane == 0)
+		sm.wcnt[w] = cnt + (w == 0 && nb > 0); /* the sink */
+	__syncthreads();
+	uint32_t nc = sm.ncand;
+	if (nc > SEL_CAP)
+		return UINT32_MAX; /* uniform */
+	uint32_t kstar = 0xffffffffu;
+	if (mode == 1)
+		kstar = 0;
+	if (mode == 0) {
+		uint32_t prefix = prefix16 << 16, pmask = 0xffff0000u;
+		for (int sh = 8; sh >= 0; sh -= 8) {
+			for (uint32_t i = tid; i < 256; i += SEL_T)
+				sm.h[i] = 0;
+			__syncthreads();
+			for (uint32_t c = tid; c < nc; c += SEL_T) {
+				uint32_t k = sm.ckey[c];
+				if ((k & pmask) == prefix)
+					atomicAdd(&sm.h[(k >> sh) & 255u], sm.ciw[c] & 255u);
+			}
+			__syncthreads();
+			uint32_t v = tid < 256 ? sm.h[255 - tid] : 0, tot;
+			uint32_t ex = block_excl_scan(v, sm.scan, &tot);
+			if (tid < 256 && above + ex < need && above + ex + v >= need) {
+				sm.digit = 255 - tid;
+				sm.abv = ex;
+			}
+			__syncthreads();
+			prefix |= sm.digit << sh;
+			pmask |= 255u << sh;
+			above += sm.abv;
+			__syncthreads();
+		}
+		kstar = prefix;
+	}
+	/* ties (key == K*) in index order; per-warp counts of candidates taken */
+	if (tid == 0)
+		sm.tie_max = 0;
+	__syncthreads();
+	for (uint32_t c = tid; c < nc; c += SEL_T) {
+		uint32_t k = sm.ckey[c], iw = sm.ciw[c], idx = iw >> 8;
+		bool take = k > kstar;
+		if (k == kstar && mode == 0) {
+			uint64_t P = 0;
+			for (uint32_t c2 = 0; c2 < nc; c2++)
+				if (sm.ckey[c2] == kstar && (sm.ciw[c2] >> 8) < idx)
+					P += sm.ciw[c2] & 255u;
+			take = above + P < need;
+			if (take)
+				atomicMax(&sm.tie_max, idx);
+		}
+		if (take)
+			atomicAdd(&sm.wcnt[idx / R], 1u);
+	}
+	__syncthreads();
+	if (w == 0) {
+		uint32_t v = sm.wcnt[lane], x = v;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+			if (lane >= (uint32_t)o)
+				x += y;
+		}
+		sm.woff[lane] = x - v;
+		if (lane == 31)
+			sm.ncand = x; /* reused: the total */
+	}
+	__syncthreads();
+	uint32_t nsel = sm.ncand, tmax = sm.tie_max;
+	/* write pass, in block order */
+	uint32_t pos = sm.woff[w];
+	uint32_t *selkey = WSP(uint32_t, L, selkey, ws, h);
+	uint32_t si = 0;
+	if (src.segs && r0 + lane < r1) {
+		uint32_t lo = 0, hi = src.nseg - 1, i = r0 + lane;
+		while (lo < hi) {
+			uint32_t mid = (lo + hi + 1) >> 1;
+			if (src.segs[mid].block0 <= i)
+				lo = mid;
+			else
+				hi = mid - 1;
+		}
+		si = lo;
+	}
+	uint32_t blk0 = block0_of(src, si);
+	for (uint32_t b0 = r0; b0 < r1; b0 += 32 * SEL_U) {
+		float sc[SEL_U];
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t i = b0 + u * 32 + lane;
+			sc[u] = i < r1 ? scores[i] : 0.0f;
+		}
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t i = b0 + u * 32 + lane;
+			bool ok = i < r1;
+			uint32_t k = fkey(sc[u]);
+			bool take = ok && (i == 0 || k > kstar || (k == kstar && tmax && i <= tmax));
+			uint32_t bal = __ballot_sync(0xffffffffu, take);
+			if (take) {
+				while (src.segs && si + 1 < src.nseg && src.segs[si + 1].block0 <= i) {
+					si++;
+					blk0 = src.segs[si].block0;
+				}
+				uint32_t p = pos + __popc(bal & ((1u << lane) - 1u));
+				sel[p] = i;
+				selseg[p] = si;
+				selkey[p] = chunk_key(si, i, blk0);
+			}
+			pos += __popc(bal);
+		}
+	}
+	__syncthreads();
+	return nsel;
+}
+
+__device__ void select_run(const struct sel_src src, double frac, char *ws,
+			   const struct ws_layout &L, uint32_t h)
+{
+	extern __shared__ __align__(16) unsigned char sel_raw[];
+	struct sel_smem &sm = *(struct sel_smem *)sel_raw;
+	uint32_t nb = src.nb;
+	uint32_t nsel = 0;
+	if (nb > 0) {
+		const uint8_t *ntok = WSP(uint8_t, L, ntok, ws, h);
+		uint64_t budget =
+			frac >= 1.0 ? src.n_hist : (uint64_t)ceil(frac * (double)src.n_hist);
+		uint64_t w0 = ntok[0];
+		uint64_t need = budget > w0 ? budget - w0 : 0; /* tokens still wanted */
+		/* mode: 0 radix select, 1 take all, 2 take only the sink */
+		int mode = need == 0 ? 2 : 0;
+		nsel = select_fast(src, need, mode, ws, L, h, sm);
+		if (nsel == UINT32_MAX)
+			nsel = select_slow(src, need, mode, ws, L, h);
+	}
+	build_chunks(src, nsel, ws, L, h, sm.scan);
+}
+
+__global__ void __launch_bounds__(SEL_T) k_select(const struct gpu_head *heads, double frac,
+						  char *ws, struct ws_layout L)
+{
+	const struct gpu_head *H = &heads[blockIdx.x];
+	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs};
+	select_run(s, frac, ws, L, blockIdx.x);
+}
+
+__global__ void __launch_bounds__(SEL_T) k_select_quest(const struct gpu_dense_head *heads,
+							uint32_t qb, double frac, char *ws,
+							struct ws_layout L)
+{
+	const struct gpu_dense_head *H = &heads[blockIdx.x];
+	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL};
+	select_run(s, frac, ws, L, blockIdx.x);
+}
+
+/* ------------------------------------------------------------------ */
+/* Dense tiles: 16 tokens per warp step, original space.               */
+
+template <int NQ, int D>
+struct dstate {
+	float m[NQ], l[NQ];
+	float acc[NQ][8]; /* channels (lane % (D/8)) * 8 + e, this lane's tokens */
+};
+
+template <int NQ, int D>
+__device__ __forceinline__ void dstate_init(dstate<NQ, D> &st)
+{
+#pragma unroll
+	for (int h = 0; h < NQ; h++) {
+		st.m[h] = -INFINITY;
+		st.l[h] = 0.0f;
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			st.acc[h][e] = 0.0f;
+	}
+}
+
+/* q2[h][e]: this lane's 8 channels of the query, pre-scaled by scale·log2e. */
+template <int NQ, int D, int TILE = 16>
+__device__ __forceinline__ void dense_tile(const uint16_t *K, const uint16_t *V, int ntok,
+					   const float (&q2)[NQ][8], dstate<NQ, D> &st)
+{
+	constexpr int LPT = D / 8, TPI = 32 / LPT, NI = TILE / TPI;
+	int lane = threadIdx.x & 31, sub = lane / LPT, cl = lane % LPT;
+	uint4 kr[NI], vr[NI];
+#pragma unroll
+	for (int i = 0; i < NI; i++) {
+		int t = i * TPI + sub;
+		if (t < ntok) {
+			kr[i] = __ldg((const uint4 *)(K + (size_t)t * D + cl * 8));
+			vr[i] = __ldg((const uint4 *)(V + (size_t)t * D + cl * 8));
+		} else {
+			kr[i] = make_uint4(0, 0, 0, 0);
+			vr[i] = make_uint4(0, 0, 0, 0);
+		}
+	}
+	float s[NI][NQ];
+#pragma unroll
+	for (int i = 0; i < NI; i++) {
+		float k[8];
+		unpack8(kr[i], k);
+#pragma unroll
+		for (int h = 0; h < NQ; h++) {
+			float x = 0.0f;
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				x = fmaf(q2[h][e], k[e], x);
+			s[i][h] = x;
+		}
+	}
+#pragma unroll
+	for (int o = LPT / 2; o > 0; o >>= 1)
+#pragma unroll
+		for (int i = 0; i < NI; i++)
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
+	float mx[NQ];
+#pragma unroll
+	for (int h = 0; h < NQ; h++) {
+		mx[h] = -INFINITY;
+#pragma unroll
+		for (int i = 0; i < NI; i++) {
+			if (i * TPI + sub >= ntok)
+				s[i][h] = -INFINITY;
+			mx[h] = fmaxf(mx[h], s[i][h]);
+		}
+#pragma unroll
+		for (int o = LPT; o < 32; o <<= 1)
+			mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], o));
+		float mn = fmaxf(st.m[h], mx[h]);
+		float al = exp2f(st.m[h] - mn);
+		st.m[h] = mn;
+		st.l[h] *= al;
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			st.acc[h][e] *= al;
+	}
+#pragma unroll
+	for (int i = 0; i < NI; i++) {
+		float v[8];
+		unpack8(vr[i], v);
+#pragma unroll
+		for (int h = 0; h < NQ; h++) {
+			float p = exp2f(s[i][h] - st.m[h]);
+			st.l[h] += p;
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				st.acc[h][e] = fmaf(p, v[e], st.acc[h][e]);
+		}
+	}
+}
+
+/* Combine the warps' dense states and write the CTA's partial (o, m, l).
+ * @sm: shared scratch of 4 * NQ * (D + 2) floats. */
+template <int NQ, int D>
+__device__ void dense_finish(dstate<NQ, D> &st, float *sm, float *po, float *pml)
+{
+	constexpr int LPT = D / 8;
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, sub = lane / LPT, cl = lane % LPT;
+	/* reduce over the lanes holding other tokens of the same channels */
+#pragma unroll
+	for (int h = 0; h < NQ; h++) {
+#pragma unroll
+		for (int o = LPT; o < 32; o <<= 1) {
+			st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], o);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				st.acc[h][e] += __shfl_xor_sync(0xffffffffu, st.acc[h][e], o);
+		}
+	}
+	float *sacc = sm, *sml = sm + 4 * NQ * D;
+	if (sub == 0)
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				sacc[(w * NQ + h) * D + cl * 8 + e] = st.acc[h][e];
+	if (lane == 0)
+#pragma unroll
+		for (int h = 0; h < NQ; h++) {
+			sml[(w * NQ + h) * 2] = st.m[h];
+			sml[(w * NQ + h) * 2 + 1] = st.l[h];
+		}
+	__syncthreads();
+	for (int i = threadIdx.x; i < NQ * D; i += blockDim.x) {
+		int h = i / D, c = i % D;
+		float M = -INFINITY;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		float o = 0.0f, l = 0.0f;
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			float f = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+			o += f * sacc[(ww * NQ + h) * D + c];
+			l += f * sml[(ww * NQ + h) * 2 + 1];
+		}
+		po[i] = o;
+		if (c == 0) {
+			pml[2 * h] = M;
+			pml[2 * h + 1] = l;
+		}
+	}
+}
+
+template <int NQ, int D>
+__device__ __forceinline__ void load_q2(const float *q, float scale2, float (&q2)[NQ][8])
+{
+	constexpr int LPT = D / 8;
+	int cl = (threadIdx.x & 31) % LPT;
+#pragma unroll
+	for (int h = 0; h < NQ; h++)
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			q2[h][e] = q[h * D + cl * 8 + e] * scale2;
+}
+
+__device__ __forceinline__ void mark_empty(float *pml, int nq)
+{
+	for (int i = threadIdx.x; i < nq; i += blockDim.x) {
+		pml[2 * i] = -INFINITY;
+		pml[2 * i + 1] = 0.0f;
+	}
+}
+
+/* Dense window tile range [t0, t1) by the CTA's 4 warps. */
+template <int NQ, int D, int TILE = 16>
+__device__ void window_cta(const uint16_t *wk, const uint16_t *wv, uint32_t t0, uint32_t t1,
+			   const float *q, float scale2, float *sm, float *po, float *pml)
+{
+	float q2[NQ][8];
+	load_q2<NQ, D>(q, scale2, q2);
+	dstate<NQ, D> st;
+	dstate_init(st);
+	int w = threadIdx.x >> 5;
+	/* 8-token steps: the window is short, and fewer registers here leave
+	 * more for the packed path sharing the kernel */
+	for (uint32_t t = t0 + TILE * w; t < t1; t += 4 * TILE)
+		dense_tile<NQ, D, TILE>(wk + (size_t)t * D, wv + (size_t)t * D,
+					(int)min((uint32_t)TILE, t1 - t), q2, st);
+	dense_finish<NQ, D>(st, sm, po, pml);
+}
+
+/* ------------------------------------------------------------------ */
+/* PackedAttention.                                                    */
+
+/* Position of the k-th (0-based) set bit of w (k < popc(w)). */
+__device__ __forceinline__ int select_in_word(uint32_t w, int k)
+{
+	int pos = 0, c;
+	c = __popc(w & 0xffffu);
+	if (k >= c) { k -= c; w >>= 16; pos += 16; }
+	c = __popc(w & 0xffu);
+	if (k >= c) { k -= c; w >>= 8; pos += 8; }
+	c = __popc(w & 0xfu);
+	if (k >= c) { k -= c; w >>= 4; pos += 4; }
+	c = __popc(w & 0x3u);
+	if (k >= c) { k -= c; w >>= 2; pos += 2; }
+	c = w & 1u;
+	if (k >= c) pos += 1;
+	return pos;
+}
+
+/* Iterator over the channels of a packed vector, from group index k0. */
+struct bititer {
+	uint32_t w0, w1, w2, w3;
+	uint32_t m;  /* remaining bits of the current word */
+	int wi;      /* current word */
+	int base, left, g;
+	__device__ __forceinline__ uint32_t word(int i) const
+	{
+		return i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+	}
+	__device__ __forceinline__ void start(int k0)
+	{
+		int k = k0;
+		wi = 0;
+		uint32_t w = w0;
+		for (;;) {
+			int pc = __popc(w);
+			if (k < pc || wi == 3)
+				break;
+			k -= pc;
+			wi++;
+			w = word(wi);
+		}
+		m = w;
+		if (k > 0) {
+			int p = select_in_word(w, k);
+			m = w & (uint32_t)(~0ull << p);
+		}
+		left = 0;
+	}
+	/* next channel when g == 1: one find-first-set per value */
+	__device__ __forceinline__ int next1()
+	{
+		while (m == 0 && wi < 3) {
+			wi++;
+			m = word(wi);
+		}
+		int p = __ffs(m) - 1;
+		m &= m - 1;
+		return wi * 32 + p;
+	}
+	/* next channel */
+	__device__ __forceinline__ int next()
+	{
+		if (left == 0) {
+			while (m == 0 && wi < 3) {
+				wi++;
+				m = word(wi);
+			}
+			int p = __ffs(m) - 1;
+			m &= m - 1;
+			base = (wi * 32 + p) * g;
+			left = g;
+		}
+		return base + (g - left--);
+	}
+};
+
+__device__ __forceinline__ void load_bm(bititer &it, const uint32_t *bm, uint32_t bw)
+{
+	it.w0 = bm[0];
+	it.w1 = bw > 1 ? bm[1] : 0;
+	it.w2 = bw > 2 ? bm[2] : 0;
+	it.w3 = bw > 3 ? bm[3] : 0;
+}
+
+#define VT_STRIDE 129 /* floats per token row of the decoded V tile */
+
+template <int NQ>
+struct pstate {
+	float m[NQ], l[NQ];
+	float acc[NQ][4]; /* rotated channels lane + 32 k */
+};
+
+/*
+ * One sub-block of up to 16 tokens (rows t0 .. t0+nt of segment @sg) by one
+ * warp.  Lane = token (lane / 2) × half (lane % 2).  @qs: q' pre-scaled,
+ * [c][P]; @vt: this warp's V tile (16 × VT_STRIDE floats); @ps: 16 × P.
+ */
+/* Values of one half-vector: chunks [c0, c1) of 8, the first two preloaded
+ * in @pre (so that K and V of a block are requested together). */
+template <int NQ, bool IS_K>
+__device__ __forceinline__ void half_vector(const uint4 *vp, const uint4 (&pre)[2], uint32_t c0,
+					    uint32_t c1, uint32_t r, bititer &it, const float *qs,
+					    float (&sc)[NQ], float *row)
+{
+	constexpr int P = NQP(NQ);
+	for (uint32_t ck = c0; ck < c1; ck++) {
+		uint4 w = ck == c0 ? pre[0] : ck == c0 + 1 ? pre[1] : __ldg(vp + ck);
+		float x[8];
+		unpack8(w, x);
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			if (ck * 8 + e < r) {
+				int c = it.next();
+				if constexpr (IS_K) {
+					float qv[NQ];
+					loadq<NQ>(qs + c * P, qv);
+#pragma unroll
+					for (int h = 0; h < NQ; h++)
+						sc[h] = fmaf(x[e], qv[h], sc[h]);
+				} else {
+					row[c] = x[e];
+				}
+			}
+		}
+	}
+}
+
+/*
+ * One sub-block of up to 16 tokens (rows t0 .. t0+nt of segment @sg) by one
+ * warp.  Lane = token (lane / 2) × half (lane % 2).  @qs: q' pre-scaled,
+ * [c][P]; @vt: this warp's V tile (16 × VT_STRIDE floats); @ps: 16 × P.
+ */
+template <int NQ>
+__device__ __forceinline__ void packed_sub(const struct gpu_seg &sg, uint32_t t0, int nt,
+					   const float *qs, float *vt, float *ps,
+					   pstate<NQ> &st)
+{
+	constexpr int P = NQP(NQ);
+	int lane = threadIdx.x & 31, t = lane >> 1, half = lane & 1;
+	bool valid = t < nt;
+	uint32_t tok = t0 + t;
+	uint32_t knck = sg.k_rs >> 3, kc0 = half ? (knck + 1) >> 1 : 0;
+	uint32_t kc1 = half ? knck : (knck + 1) >> 1;
+	uint32_t vnck = sg.v_rs >> 3, vc0 = half ? (vnck + 1) >> 1 : 0;
+	uint32_t vc1 = half ? vnck : (vnck + 1) >> 1;
+	const uint4 *kp = (const uint4 *)(sg.k_val + (size_t)tok * sg.k_rs);
+	const uint4 *vp = (const uint4 *)(sg.v_val + (size_t)tok * sg.v_rs);
+	/* every load of the block first: one memory round trip, not two */
+	bititer ki, vi;
+	uint4 kpre[2], vpre[2];
+	if (valid) {
+		load_bm(ki, sg.k_bm + (size_t)tok * sg.k_bw, sg.k_bw);
+		load_bm(vi, sg.v_bm + (size_t)tok * sg.v_bw, sg.v_bw);
+#pragma unroll
+		for (int u = 0; u < 2; u++) {
+			kpre[u] = kc0 + u < kc1 ? __ldg(kp + kc0 + u) : make_uint4(0, 0, 0, 0);
+			vpre[u] = vc0 + u < vc1 ? __ldg(vp + vc0 + u) : make_uint4(0, 0, 0, 0);
+		}
+	}
+	/* ---- K: partial dot over this lane's half of the stored values ---- */
+	float sc[NQ];
+#pragma unroll
+	for (int h = 0; h < NQ; h++)
+		sc[h] = 0.0f;
+	if (valid && kc0 < kc1) {
+		ki.g = (int)sg.k_g;
+		ki.start((int)(kc0 * 8 / sg.k_g));
+		half_vector<NQ, true>(kp, kpre, kc0, kc1, sg.k_r, ki, qs, sc, NULL);
+	}
+#pragma unroll
+	for (int h = 0; h < NQ; h++) {
+		sc[h] += __shfl_xor_sync(0xffffffffu, sc[h], 1);
+		if (!valid)
+			sc[h] = -INFINITY;
+	}
+	/* ---- online softmax ---- */
+	float p[NQ];
+#pragma unroll
+	for (int h = 0; h < NQ; h++) {
+		float mx = warp_max(sc[h]);
+		float mn = fmaxf(st.m[h], mx);
+		float al = exp2f(st.m[h] - mn);
+		st.m[h] = mn;
+		st.l[h] *= al;
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			st.acc[h][k] *= al;
+		p[h] = valid ? exp2f(sc[h] - mn) : 0.0f;
+		if (half == 0)
+			st.l[h] += p[h];
+	}
+	/* ---- V: decode this sub-block into the dense rotated tile ---- */
+	uint32_t vdk = sg.v_dk;
+	{
+		float4 *v4 = (float4 *)vt;
+		for (int i = lane; i < 16 * VT_STRIDE / 4; i += 32)
+			v4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+	}
+	if (half == 0) {
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			ps[t * P + h] = p[h];
+	}
+	__syncwarp();
+	if (valid && vc0 < vc1) {
+		vi.g = (int)sg.v_g;
+		vi.start((int)(vc0 * 8 / sg.v_g));
+		half_vector<NQ, false>(vp, vpre, vc0, vc1, sg.v_r, vi, qs, sc, vt + t * VT_STRIDE);
+	}
+	__syncwarp();
+	/* ---- acc[h][c] += Σ_t p[t][h] · V̂[t][c], lane owns c = lane + 32 k ---- */
+	for (int tt = 0; tt < nt; tt++) {
+		float pv[NQ];
+		loadq<NQ>(ps + tt * P, pv);
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			uint32_t c = lane + 32 * k;
+			if (c < vdk) {
+				float v = vt[tt * VT_STRIDE + c];
+#pragma unroll
+				for (int h = 0; h < NQ; h++)
+					st.acc[h][k] = fmaf(pv[h], v, st.acc[h][k]);
+			}
+		}
+	}
+	__syncwarp();
+}
+
+struct pk_smem {
+	float qs[GPU_MAX_D * 8];
+	float ps[4][16 * 8];
+	uint16_t rv[GPU_MAX_D * GPU_MAX_D]; /* R_v, copied while attending */
+	union { /* tiles while attending, reduction scratch at the end */
+		float vt[4][16 * VT_STRIDE];
+		struct {
+			float red[4 * 8 * (GPU_MAX_D + 2)];
+			float orot[8 * GPU_MAX_D];
+		};
+	};
+};
+
+__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes)
+{
+	uint32_t lane = threadIdx.x & 31;
+	for (uint32_t o = lane * 128; o < bytes; o += 32 * 128)
+		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+}
+
+/* cp.async of @bytes (multiple of 16, both 16-aligned) by the whole CTA. */
+__device__ __forceinline__ void cta_copy_async(void *dst, const void *src, uint32_t bytes)
+{
+	for (uint32_t o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16) {
+		uint32_t sa = (uint32_t)__cvta_generic_to_shared((char *)dst + o);
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa),
+			     "l"((const char *)src + o));
+	}
+	asm volatile("cp.async.commit_group;");
+}
+
+__device__ __forceinline__ void cta_copy_wait(void)
+{
+	asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+/* The K and V slabs of block j of @sg, prefetched into L2. */
+__device__ __forceinline__ void prefetch_block(const struct gpu_seg &sg, uint32_t j)
+{
+	uint32_t t0 = j * sg.b, nt = min(sg.b, sg.n - t0);
+	prefetch_l2(sg.k_val + (size_t)t0 * sg.k_rs, nt * sg.k_rs * 2);
+	prefetch_l2(sg.v_val + (size_t)t0 * sg.v_rs, nt * sg.v_rs * 2);
+	prefetch_l2(sg.k_bm + (size_t)t0 * sg.k_bw, nt * sg.k_bw * 4);
+	prefetch_l2(sg.v_bm + (size_t)t0 * sg.v_bw, nt * sg.v_bw * 4);
+}
+
+/* The CTA's warps processed blocks of @sg; merge, rotate back, write. */
+template <int NQ>
+__device__ void packed_finish(const struct gpu_seg &sg, pstate<NQ> &st, pk_smem &sm,
+			      uint32_t d, float *po, float *pml)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	uint32_t vdk = sg.v_dk;
+	float *sacc = sm.red, *sml = sm.red + 4 * NQ * GPU_MAX_D;
+	cta_copy_wait(); /* this thread's part of R_v */
+	__syncthreads(); /* red aliases the other warps' V tiles; R_v complete */
+#pragma unroll
+	for (int h = 0; h < NQ; h++) {
+		float l = warp_sum(st.l[h]);
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			uint32_t c = lane + 32 * k;
+			if (c < vdk)
+				sacc[(w * NQ + h) * GPU_MAX_D + c] = st.acc[h][k];
+		}
+		if (lane == 0) {
+			sml[(w * NQ + h) * 2] = st.m[h];
+			sml[(w * NQ + h) * 2 + 1] = l;
+		}
+	}
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
+		uint32_t h = i / vdk, c = i % vdk;
+		float M = -INFINITY;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		float o = 0.0f;
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			if (mw != -INFINITY)
+				o += exp2f(mw - M) * sacc[(ww * NQ + h) * GPU_MAX_D + c];
+		}
+		sm.orot[c * 8 + h] = o;
+	}
+	if (threadIdx.x < NQ) {
+		int h = threadIdx.x;
+		float M = -INFINITY, l = 0.0f;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			if (mw != -INFINITY)
+				l += exp2f(mw - M) * sml[(ww * NQ + h) * 2 + 1];
+		}
+		pml[2 * h] = M;
+		pml[2 * h + 1] = l;
+	}
+	__syncthreads();
+	/* o[h][j] = Σ_c o'[h][c] R_v[c][j] */
+	for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
+		float o[NQ];
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			o[h] = 0.0f;
+		const uint16_t *R = sm.rv + j;
+#pragma unroll 4
+		for (uint32_t c = 0; c < vdk; c++) {
+			float r = bf1(R[(size_t)c * d]);
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				o[h] = fmaf(sm.orot[c * 8 + h], r, o[h]);
+		}
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			po[h * d + j] = o[h];
+	}
+}
+
+template <int NQ, int D>
+__global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *heads, const float *q,
+						     float scale2, char *ws, struct ws_layout L)
+{
+	extern __shared__ __align__(16) unsigned char smraw[];
+	pk_smem &sm = *(pk_smem *)smraw;
+	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	const struct gpu_head *H = &heads[hi];
+	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
+	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
+	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
+	const float *qh = q + (size_t)hi * NQ * D;
+	constexpr int P = NQP(NQ);
+	int w = threadIdx.x >> 5;
+
+	if (x >= L.max_chunks + L.buf_chunks) { /* dense window tile */
+		uint32_t t0 = (x - L.max_chunks - L.buf_chunks) * WIN_TILE;
+		if (t0 >= H->win_n) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		window_cta<NQ, D, 8>(H->win_k, H->win_v, t0, min(H->win_n, t0 + WIN_TILE), qh, scale2,
+				     sm.red, po, pml);
+		return;
+	}
+	const struct gpu_seg *sgp;
+	const uint32_t *list = NULL;
+	uint32_t si, b0 = 0, cnt;
+	if (x < L.max_chunks) {
+		uint32_t nch = counts[1];
+		if (x >= nch) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		const uint32_t *chunk = WSP(uint32_t, L, chunk, ws, hi);
+		uint32_t s0 = chunk[x];
+		cnt = chunk[x + 1] - s0;
+		list = WSP(uint32_t, L, sel, ws, hi) + s0;
+		si = WSP(uint32_t, L, selseg, ws, hi)[s0];
+		sgp = &H->segs[si];
+	} else {
+		if (!H->buf) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		sgp = H->buf;
+		si = H->nseg;
+		uint32_t nbb = (sgp->n + sgp->b - 1) / sgp->b;
+		b0 = (x - L.max_chunks) * GPU_CHUNK_W;
+		if (b0 >= nbb) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		cnt = min(nbb - b0, (uint32_t)GPU_CHUNK_W);
+	}
+	const struct gpu_seg sg = *sgp;
+	/* R_v arrives in shared memory while the blocks are attended */
+	cta_copy_async(sm.rv, sg.v_rot, sg.v_dk * D * 2);
+	/* q' of this segment, pre-scaled, [c][P] */
+	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * GPU_MAX_D * P;
+	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
+		sm.qs[i] = qr[i] * scale2;
+	__syncthreads();
+	pstate<NQ> st;
+#pragma unroll
+	for (int h = 0; h < NQ; h++) {
+		st.m[h] = -INFINITY;
+		st.l[h] = 0.0f;
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			st.acc[h][k] = 0.0f;
+	}
+	uint32_t base_blk = list ? 0 : b0;
+	if (w < cnt)
+		prefetch_block(sg, list ? list[w] - sg.block0 : base_blk + w);
+	for (uint32_t i = w; i < cnt; i += 4) {
+		uint32_t j = list ? list[i] - sg.block0 : base_blk + i;
+		if (i + 4 < cnt) /* this warp's next block, into L2 */
+			prefetch_block(sg, list ? list[i + 4] - sg.block0 : base_blk + i + 4);
+		uint32_t t0 = j * sg.b, t1 = min(sg.n, t0 + sg.b);
+		for (uint32_t t = t0; t < t1; t += 16)
+			packed_sub<NQ>(sg, t, (int)min(16u, t1 - t), sm.qs, sm.vt[w], sm.ps[w], st);
+	}
+	packed_finish<NQ>(sg, st, sm, D, po, pml);
+}
+
+/* ------------------------------------------------------------------ */
+/* PackedAttention on the tensor cores.                                 */
+/*
+ * Per warp and 16-token sub-block: the packed K and V vectors are scattered
+ * (bitmap positions) into dense fp16 tiles in shared memory, K̂ as
+ * [token][channel] and V̂ as [channel][token]; then S = Q' K̂ᵀ and
+ * O' += P V̂ are mma.m16n8k16 (fp16 operands, fp32 accumulation) with the
+ * group's query heads as rows 0..NQ-1 of the 16-row A operand.  P stays in
+ * registers between the two products (the C fragment of S is the A
+ * fragment of P).  fp16 keeps 11 significant bits: bf16 values convert
+ * exactly (|x| < 65504), p in [0, 1] loses < 2^-11.
+ */
+#define TK_LD 136 /* K̂ row: 128 channels + 8 (68 words: conflict-free) */
+#define TV_LD 24  /* V̂ᵀ row: 16 tokens + 8 (12 words: conflict-free) */
+
+struct tc_warp_tiles {
+	__half k[16 * TK_LD];
+	__half v[GPU_MAX_D * TV_LD];
+};
+
+struct tc_smem {
+	float qs[GPU_MAX_D * 8];
+	union {
+		struct tc_warp_tiles t[4];
+		struct {
+			float red[4 * 8 * (GPU_MAX_D + 2)];
+			uint16_t rv[GPU_MAX_D * GPU_MAX_D];
+		};
+	};
+	float orot[8 * GPU_MAX_D];
+};
+
+__device__ __forceinline__ uint32_t h2pack(float lo, float hi)
+{
+	__half2 h = __floats2half2_rn(lo, hi);
+	return *(uint32_t *)&h;
+}
+
+/* D = A B + C on rows 0..7 only: A's rows 8..15 are zero here, so the
+ * lower half of C/D is a throw-away pair (fewer live registers). */
+__device__ __forceinline__ void mma16816_top(float &c0, float &c1, uint32_t a0, uint32_t a2,
+					     uint32_t b0, uint32_t b1)
+{
+	float z2 = 0.0f, z3 = 0.0f;
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		     : "+f"(c0), "+f"(c1), "+f"(z2), "+f"(z3)
+		     : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+/* Scatter one half-vector's values into a tile: element c of token t at
+ * tile[t * st_t + c * st_c]. */
+__device__ __forceinline__ void scatter_half(const uint4 *vp, const uint4 (&pre)[2], uint32_t c0,
+					     uint32_t c1, uint32_t r, bititer &it, __half *tile,
+					     uint32_t st_c)
+{
+	if (it.g == 1) {
+		for (uint32_t ck = c0; ck < c1; ck++) {
+			uint4 w = ck == c0 ? pre[0] : ck == c0 + 1 ? pre[1] : __ldg(vp + ck);
+			float x[8];
+			unpack8(w, x);
+			if (ck * 8 + 8 <= r) {
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					tile[it.next1() * st_c] = __float2half_rn(x[e]);
+			} else {
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					if (ck * 8 + e < r)
+						tile[it.next1() * st_c] = __float2half_rn(x[e]);
+			}
+		}
+		return;
+	}
+	for (uint32_t ck = c0; ck < c1; ck++) {
+		uint4 w = ck == c0 ? pre[0] : ck == c0 + 1 ? pre[1] : __ldg(vp + ck);
+		float x[8];
+		unpack8(w, x);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			if (ck * 8 + e < r)
+				tile[it.next() * st_c] = __float2half_rn(x[e]);
+	}
+}
+
+/* Branch-free iterator over the set bits of a bitmap of up to 128 bits
+ * (g == 1: one channel per bit).  The per-value step has no loop, so no
+ * warp reconvergence per value. */
+struct bits128 {
+	uint64_t lo, hi;
+	__device__ __forceinline__ void init(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3)
+	{
+		lo = (uint64_t)w0 | ((uint64_t)w1 << 32);
+		hi = (uint64_t)w2 | ((uint64_t)w3 << 32);
+	}
+	/* drop the k lowest set bits */
+	__device__ __forceinline__ void skip(int k)
+	{
+		int cl = __popcll(lo);
+		if (k >= cl) {
+			k -= cl;
+			lo = 0;
+			uint32_t h0 = (uint32_t)hi;
+			int c0 = __popc(h0), p;
+			p = k < c0 ? select_in_word(h0, k) : 32 + select_in_word((uint32_t)(hi >> 32), k - c0);
+			hi = k > 0 ? hi & (~0ull << p) : hi;
+		} else if (k > 0) {
+			uint32_t l0 = (uint32_t)lo;
+			int c0 = __popc(l0), p;
+			p = k < c0 ? select_in_word(l0, k) : 32 + select_in_word((uint32_t)(lo >> 32), k - c0);
+			lo &= ~0ull << p;
+		}
+	}
+	__device__ __forceinline__ int next()
+	{
+		bool ul = lo != 0;
+		uint64_t v = ul ? lo : hi;
+		int p = __ffsll((long long)v) - 1 + (ul ? 0 : 64);
+		v &= v - 1;
+		lo = ul ? v : lo;
+		hi = ul ? hi : v;
+		return p;
+	}
+};
+
+/* g == 1 and r a multiple of 8: scatter with the branch-free iterator. */
+__device__ __forceinline__ void scatter_half_g1(const uint4 *vp, const uint4 (&pre)[2],
+						uint32_t c0, uint32_t c1, const bititer &words,
+						__half *tile, uint32_t st_c)
+{
+	bits128 b;
+	b.init(words.w0, words.w1, words.w2, words.w3);
+	b.skip((int)(c0 * 8));
+	for (uint32_t ck = c0; ck < c1; ck++) {
+		uint4 w = ck == c0 ? pre[0] : ck == c0 + 1 ? pre[1] : __ldg(vp + ck);
+		float x[8];
+		unpack8(w, x);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			tile[b.next() * st_c] = __float2half_rn(x[e]);
+	}
+}
+
+template <int NQ>
+struct tcstate {
+	float m, l;         /* head g = lane / 4 (rows >= NQ are padding) */
+	float acc[16][2];   /* O' fragment per 8-channel tile (rows 0..7) */
+};
+
+template <int NQ>
+__device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, int nt,
+				       const uint32_t (&qa)[8][2], struct tc_warp_tiles &T,
+				       tcstate<NQ> &st)
+{
+	int lane = threadIdx.x & 31, t = lane >> 1, half = lane & 1;
+	int g = lane >> 2, tig = lane & 3;
+	bool valid = t < nt;
+	uint32_t tok = t0 + t;
+	uint32_t knck = sg.k_rs >> 3, kc0 = half ? (knck + 1) >> 1 : 0;
+	uint32_t kc1 = half ? knck : (knck + 1) >> 1;
+	uint32_t vnck = sg.v_rs >> 3, vc0 = half ? (vnck + 1) >> 1 : 0;
+	uint32_t vc1 = half ? vnck : (vnck + 1) >> 1;
+	const uint4 *kp = (const uint4 *)(sg.k_val + (size_t)tok * sg.k_rs);
+	const uint4 *vp = (const uint4 *)(sg.v_val + (size_t)tok * sg.v_rs);
+	bititer ki, vi;
+	uint4 kpre[2], vpre[2];
+	if (valid) {
+		load_bm(ki, sg.k_bm + (size_t)tok * sg.k_bw, sg.k_bw);
+		load_bm(vi, sg.v_bm + (size_t)tok * sg.v_bw, sg.v_bw);
+#pragma unroll
+		for (int u = 0; u < 2; u++) {
+			kpre[u] = kc0 + u < kc1 ? __ldg(kp + kc0 + u) : make_uint4(0, 0, 0, 0);
+			vpre[u] = vc0 + u < vc1 ? __ldg(vp + vc0 + u) : make_uint4(0, 0, 0, 0);
+		}
+	}
+	/* zero both tiles, then scatter the stored values */
+	{
+		/* K̂: 16 rows × nks·16 channels; V̂ᵀ: nnt·8 rows × 16 tokens */
+		uint32_t kq = ((sg.k_dk + 15) >> 4) * 2, vr = ((sg.v_dk + 7) >> 3) * 8;
+		for (uint32_t i = lane; i < 16 * kq; i += 32)
+			*(uint4 *)(T.k + (i / kq) * TK_LD + (i % kq) * 8) = make_uint4(0, 0, 0, 0);
+		for (uint32_t i = lane; i < vr * 2; i += 32)
+			*(uint4 *)(T.v + (i >> 1) * TV_LD + (i & 1) * 8) = make_uint4(0, 0, 0, 0);
+	}
+	__syncwarp();
+	if (valid) {
+		if (kc0 < kc1) {
+			if (sg.k_g == 1 && (sg.k_r & 7) == 0) {
+				scatter_half_g1(kp, kpre, kc0, kc1, ki, T.k + t * TK_LD, 1);
+			} else {
+				ki.g = (int)sg.k_g;
+				ki.start((int)(kc0 * 8 / sg.k_g));
+				scatter_half(kp, kpre, kc0, kc1, sg.k_r, ki, T.k + t * TK_LD, 1);
+			}
+		}
+		if (vc0 < vc1) {
+			if (sg.v_g == 1 && (sg.v_r & 7) == 0) {
+				scatter_half_g1(vp, vpre, vc0, vc1, vi, T.v + t, TV_LD);
+			} else {
+				vi.g = (int)sg.v_g;
+				vi.start((int)(vc0 * 8 / sg.v_g));
+				scatter_half(vp, vpre, vc0, vc1, sg.v_r, vi, T.v + t, TV_LD);
+			}
+		}
+	}
+	__syncwarp();
+	/* S = Q' K̂ᵀ: two 8-token tiles */
+	float s[2][2];
+	uint32_t nks = (sg.k_dk + 15) >> 4;
+#pragma unroll
+	for (int n = 0; n < 2; n++) {
+		s[n][0] = s[n][1] = 0.0f;
+		const __half *row = T.k + (n * 8 + g) * TK_LD + 2 * tig;
+#pragma unroll
+		for (int ks = 0; ks < 8; ks++)
+			if ((uint32_t)ks < nks) {
+				uint32_t b0 = *(const uint32_t *)(row + ks * 16);
+				uint32_t b1 = *(const uint32_t *)(row + ks * 16 + 8);
+				mma16816_top(s[n][0], s[n][1], qa[ks][0], qa[ks][1], b0, b1);
+			}
+	}
+	/* lane holds head g, tokens 2tig, 2tig+1 (n = 0) and 8 + 2tig, 9 + 2tig */
+	float x0 = 2 * tig < nt ? s[0][0] : -INFINITY;
+	float x1 = 2 * tig + 1 < nt ? s[0][1] : -INFINITY;
+	float x2 = 8 + 2 * tig < nt ? s[1][0] : -INFINITY;
+	float x3 = 9 + 2 * tig < nt ? s[1][1] : -INFINITY;
+	float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
+	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+	float mn = fmaxf(st.m, mx);
+	float al = exp2f(st.m - mn);
+	st.m = mn;
+	float p0 = exp2f(x0 - mn), p1 = exp2f(x1 - mn), p2 = exp2f(x2 - mn), p3 = exp2f(x3 - mn);
+	st.l = st.l * al + (p0 + p1 + p2 + p3);
+	uint32_t pa0 = h2pack(p0, p1), pa2 = h2pack(p2, p3);
+	/* O' = O' al + P V̂ */
+	uint32_t nnt = (sg.v_dk + 7) >> 3;
+	const __half *vrow = T.v + g * TV_LD + 2 * tig;
+#pragma unroll
+	for (int n = 0; n < 16; n++)
+		if ((uint32_t)n < nnt) {
+			st.acc[n][0] *= al;
+			st.acc[n][1] *= al;
+			uint32_t b0 = *(const uint32_t *)(vrow + n * 8 * TV_LD);
+			uint32_t b1 = *(const uint32_t *)(vrow + n * 8 * TV_LD + 8);
+			mma16816_top(st.acc[n][0], st.acc[n][1], pa0, pa2, b0, b1);
+		}
+	__syncwarp();
+}
+
+template <int NQ, int D>
+__global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head *heads,
+							const float *q, float scale2, char *ws,
+							struct ws_layout L)
+{
+	extern __shared__ __align__(16) unsigned char smraw[];
+	tc_smem &sm = *(tc_smem *)smraw;
+	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	const struct gpu_head *H = &heads[hi];
+	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
+	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
+	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
+	const float *qh = q + (size_t)hi * NQ * D;
+	constexpr int P = NQP(NQ);
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+
+	if (x >= L.max_chunks + L.buf_chunks) { /* dense window tile */
+		uint32_t t0 = (x - L.max_chunks - L.buf_chunks) * WIN_TILE;
+		if (t0 >= H->win_n) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		window_cta<NQ, D, 8>(H->win_k, H->win_v, t0, min(H->win_n, t0 + WIN_TILE), qh, scale2,
+				     sm.red, po, pml);
+		return;
+	}
+	const struct gpu_seg *sgp;
+	const uint32_t *list = NULL;
+	uint32_t si, b0 = 0, cnt;
+	if (x < L.max_chunks) {
+		uint32_t nch = counts[1];
+		if (x >= nch) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		const uint32_t *chunk = WSP(uint32_t, L, chunk, ws, hi);
+		uint32_t s0 = chunk[x];
+		cnt = chunk[x + 1] - s0;
+		list = WSP(uint32_t, L, sel, ws, hi) + s0;
+		si = WSP(uint32_t, L, selseg, ws, hi)[s0];
+		sgp = &H->segs[si];
+	} else {
+		if (!H->buf) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		sgp = H->buf;
+		si = H->nseg;
+		uint32_t nbb = (sgp->n + sgp->b - 1) / sgp->b;
+		b0 = (x - L.max_chunks) * GPU_CHUNK_W;
+		if (b0 >= nbb) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		cnt = min(nbb - b0, (uint32_t)GPU_CHUNK_W);
+	}
+	const struct gpu_seg sg = *sgp;
+	prefetch_l2(sg.v_rot, sg.v_dk * D * 2); /* for the rotation back */
+	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * GPU_MAX_D * P;
+	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
+		sm.qs[i] = qr[i] * scale2;
+	__syncthreads();
+	/* A fragments of Q' (rows = heads; rows >= NQ and 8..15 zero) */
+	uint32_t qa[8][2];
+#pragma unroll
+	for (int ks = 0; ks < 8; ks++) {
+		float a[4];
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			uint32_t c = ks * 16 + 2 * tig + (e & 1) + (e >> 1) * 8;
+			a[e] = (g < NQ && c < sg.k_dk) ? sm.qs[c * P + (g < NQ ? g : 0)] : 0.0f;
+		}
+		qa[ks][0] = h2pack(a[0], a[1]);
+		qa[ks][1] = h2pack(a[2], a[3]);
+	}
+	tcstate<NQ> st;
+	st.m = -INFINITY;
+	st.l = 0.0f;
+#pragma unroll
+	for (int n = 0; n < 16; n++)
+		st.acc[n][0] = st.acc[n][1] = 0.0f;
+	uint32_t base_blk = list ? 0 : b0;
+	if (w < cnt)
+		prefetch_block(sg, list ? list[w] - sg.block0 : base_blk + w);
+	for (uint32_t i = w; i < cnt; i += 4) {
+		uint32_t j = list ? list[i] - sg.block0 : base_blk + i;
+		if (i + 4 < cnt) /* this warp's next block, into L2 */
+			prefetch_block(sg, list ? list[i + 4] - sg.block0 : base_blk + i + 4);
+		uint32_t t0 = j * sg.b, t1 = min(sg.n, t0 + sg.b);
+		for (uint32_t t = t0; t < t1; t += 16)
+			tc_sub<NQ>(sg, t, (int)min(16u, t1 - t), qa, sm.t[w], st);
+	}
+	/* ---- merge the warps, rotate back once, write the partial ---- */
+	float l = st.l;
+	l += __shfl_xor_sync(0xffffffffu, l, 1);
+	l += __shfl_xor_sync(0xffffffffu, l, 2);
+	__syncthreads(); /* the tiles become the reduction scratch */
+	float *sacc = sm.red, *sml = sm.red + 4 * NQ * GPU_MAX_D;
+	uint32_t vdk = sg.v_dk;
+	if (g < NQ) {
+#pragma unroll
+		for (int n = 0; n < 16; n++) {
+			uint32_t c = n * 8 + 2 * tig;
+			if (c < vdk) {
+				sacc[(w * NQ + g) * GPU_MAX_D + c] = st.acc[n][0];
+				sacc[(w * NQ + g) * GPU_MAX_D + c + 1] = st.acc[n][1];
+			}
+		}
+		if (tig == 0) {
+			sml[(w * NQ + g) * 2] = st.m;
+			sml[(w * NQ + g) * 2 + 1] = l;
+		}
+	}
+	/* R_v into shared memory, one round trip (L2, prefetched) */
+	for (uint32_t o = threadIdx.x * 8; o < vdk * D; o += blockDim.x * 8)
+		*(uint4 *)(sm.rv + o) = __ldg((const uint4 *)(sg.v_rot + o));
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
+		uint32_t h = i / vdk, c = i % vdk;
+		float M = -INFINITY;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		float o = 0.0f;
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			if (mw != -INFINITY)
+				o += exp2f(mw - M) * sacc[(ww * NQ + h) * GPU_MAX_D + c];
+		}
+		sm.orot[c * 8 + h] = o;
+	}
+	if (threadIdx.x < NQ) {
+		int h = threadIdx.x;
+		float M = -INFINITY, ll = 0.0f;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			if (mw != -INFINITY)
+				ll += exp2f(mw - M) * sml[(ww * NQ + h) * 2 + 1];
+		}
+		pml[2 * h] = M;
+		pml[2 * h + 1] = ll;
+	}
+	__syncthreads();
+	for (uint32_t j = threadIdx.x; j < D; j += blockDim.x) {
+		float o[NQ];
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			o[h] = 0.0f;
+		const uint16_t *R = sm.rv + j;
+#pragma unroll 4
+		for (uint32_t c = 0; c < vdk; c++) {
+			float r = bf1(R[(size_t)c * D]), ov[NQ];
+			loadq<NQ>(&sm.orot[c * 8], ov);
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				o[h] = fmaf(ov[h], r, o[h]);
+		}
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			po[h * D + j] = o[h];
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* merge: grid (H, NQ), 8 slot groups × D channels.                    */
+
+template <int D>
+__global__ void __launch_bounds__(8 * D) k_merge(uint32_t nq, char *ws, struct ws_layout L,
+						 float *out)
+{
+	uint32_t hi = blockIdx.x, h = blockIdx.y;
+	const float *po = WSP(float, L, part_o, ws, hi);
+	const float *pml = WSP(float, L, part_ml, ws, hi);
+	__shared__ float red[8 * D];
+	__shared__ float redl[8 * D];
+	__shared__ float mred[32];
+	uint32_t ns = L.slots;
+	float M = -INFINITY;
+	for (uint32_t s = threadIdx.x; s < ns; s += blockDim.x)
+		if (pml[(s * nq + h) * 2 + 1] > 0.0f)
+			M = fmaxf(M, pml[(s * nq + h) * 2]);
+	M = warp_max(M);
+	if ((threadIdx.x & 31) == 0)
+		mred[threadIdx.x >> 5] = M;
+	__syncthreads();
+	M = -INFINITY;
+	for (int i = 0; i < (int)(blockDim.x >> 5); i++)
+		M = fmaxf(M, mred[i]);
+	uint32_t g = threadIdx.x / D, c = threadIdx.x % D;
+	float o = 0.0f, l = 0.0f;
+	/* independent loads, 8 slots in flight per thread */
+	for (uint32_t s0 = g; s0 < ns; s0 += 64) {
+		float ls[8], ms[8], os[8];
+#pragma unroll
+		for (int u = 0; u < 8; u++) {
+			uint32_t s = s0 + 8 * u;
+			ls[u] = s < ns ? pml[(s * nq + h) * 2 + 1] : 0.0f;
+			ms[u] = s < ns ? pml[(s * nq + h) * 2] : 0.0f;
+			os[u] = s < ns ? po[((size_t)s * nq + h) * D + c] : 0.0f;
+		}
+#pragma unroll
+		for (int u = 0; u < 8; u++)
+			if (ls[u] > 0.0f) {
+				float f = exp2f(ms[u] - M);
+				o = fmaf(f, os[u], o);
+				l = fmaf(f, ls[u], l);
+			}
+	}
+	red[g * D + c] = o;
+	redl[g * D + c] = l;
+	__syncthreads();
+	if (g == 0) {
+		for (int k = 1; k < 8; k++) {
+			o += red[k * D + c];
+			l += redl[k * D + c];
+		}
+		out[((size_t)hi * nq + h) * D + c] = l > 0.0f ? o / l : 0.0f;
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* Dense flash-decoding and Quest attention.                           */
+
+template <int NQ, int D>
+__global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head *heads,
+						    const float *q, float scale2, char *ws,
+						    struct ws_layout L, int quest, uint32_t qb)
+{
+	__shared__ __align__(16) float sm[4 * NQ * (D + 2)];
+	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	const struct gpu_dense_head *H = &heads[hi];
+	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
+	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
+	const float *qh = q + (size_t)hi * NQ * D;
+	int w = threadIdx.x >> 5;
+	if (x >= L.max_chunks) {
+		uint32_t t0 = (x - L.max_chunks) * WIN_TILE;
+		if (t0 >= H->win_n) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		window_cta<NQ, D>(H->win_k, H->win_v, t0, min(H->win_n, t0 + WIN_TILE), qh, scale2,
+				  sm, po, pml);
+		return;
+	}
+	float q2[NQ][8];
+	load_q2<NQ, D>(qh, scale2, q2);
+	dstate<NQ, D> st;
+	dstate_init(st);
+	if (!quest) {
+		uint64_t t0 = (uint64_t)x * DENSE_T;
+		if (t0 >= H->n) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		uint64_t t1 = min(H->n, t0 + DENSE_T);
+		/* keep two more tiles per warp on their way into L2 */
+		for (uint64_t t = t0 + 16 * w; t < t1 && t < t0 + 16 * w + 128; t += 64) {
+			uint32_t nb = (uint32_t)min((uint64_t)16, t1 - t) * D * 2;
+			prefetch_l2(H->k + t * D, nb);
+			prefetch_l2(H->v + t * D, nb);
+		}
+		for (uint64_t t = t0 + 16 * w; t < t1; t += 64) {
+			uint64_t tp = t + 128;
+			if (tp < t1) {
+				uint32_t nb = (uint32_t)min((uint64_t)16, t1 - tp) * D * 2;
+				prefetch_l2(H->k + tp * D, nb);
+				prefetch_l2(H->v + tp * D, nb);
+			}
+			dense_tile<NQ, D>(H->k + t * D, H->v + t * D, (int)min((uint64_t)16, t1 - t), q2, st);
+		}
+	} else {
+		const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
+		if (x >= counts[1]) {
+			mark_empty(pml, NQ);
+			return;
+		}
+		const uint32_t *chunk = WSP(uint32_t, L, chunk, ws, hi);
+		const uint32_t *sel = WSP(uint32_t, L, sel, ws, hi);
+		uint32_t s0 = chunk[x], s1 = chunk[x + 1];
+		/* warps take 16-token tiles of the chunk's blocks round-robin */
+		uint32_t tpb = (qb + 15) / 16, ntiles = (s1 - s0) * tpb;
+		for (uint32_t i = w; i < ntiles && i < w + 8; i += 4) {
+			uint64_t t = (uint64_t)sel[s0 + i / tpb] * qb + (i % tpb) * 16;
+			uint32_t nb = (uint32_t)(min(H->n, t + 16) - min(H->n, t)) * D * 2;
+			prefetch_l2(H->k + t * D, nb);
+			prefetch_l2(H->v + t * D, nb);
+		}
+		for (uint32_t i = w; i < ntiles; i += 4) {
+			uint32_t blk = sel[s0 + i / tpb];
+			uint64_t t = (uint64_t)blk * qb + (i % tpb) * 16;
+			uint64_t te = min(H->n, (uint64_t)blk * qb + qb);
+			if (i + 8 < ntiles) { /* the same tile of the warp's block after next */
+				uint64_t tp = (uint64_t)sel[s0 + (i + 8) / tpb] * qb + ((i + 8) % tpb) * 16;
+				uint32_t nb = (uint32_t)(min(H->n, tp + 16) - min(H->n, tp)) * D * 2;
+				prefetch_l2(H->k + tp * D, nb);
+				prefetch_l2(H->v + tp * D, nb);
+			}
+			if (t < te)
+				dense_tile<NQ, D>(H->k + t * D, H->v + t * D, (int)min((uint64_t)16, te - t), q2, st);
+		}
+	}
+	dense_finish<NQ, D>(st, sm, po, pml);
+}
+
+/* Quest bounds: one thread per (block, channel). */
+__global__ void k_quest_bounds(const uint16_t *k, uint64_t n, uint32_t d, uint32_t qb,
+			       uint16_t *mn, uint16_t *mx)
+{
+	uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	uint64_t nb = (n + qb - 1) / qb;
+	if (i >= nb * d)
+		return;
+	uint64_t j = i / d, c = i % d;
+	uint64_t t1 = min(n, (j + 1) * qb);
+	float a = INFINITY, b = -INFINITY;
+	for (uint64_t t = j * qb; t < t1; t++) {
+		float x = bf1(k[t * d + c]);
+		a = fminf(a, x);
+		b = fmaxf(b, x);
+	}
+	mn[i] = f2bf_rn(a); /* exact: a is a bf16 value */
+	mx[i] = f2bf_rn(b);
+}
+
+/* ------------------------------------------------------------------ */
+/* Launchers and entries.                                              */
+
+static int args_ok(const struct gpu_attn_args *a)
+{
+	if (!a || !a->q || !a->out || !a->ws || a->n_heads == 0 || a->n_heads > 65535)
+		return 0;
+	if (!(a->nq == 1 || a->nq == 2 || a->nq == 3 || a->nq == 4 || a->nq == 8))
+		return 0;
+	if (!(a->d == 64 || a->d == 128))
+		return 0;
+	if (!(a->token_frac > 0.0 && a->token_frac <= 1.0) || !(a->scale >= 0.0f))
+		return 0;
+	return a->ws_bytes >= gpu_attn_ws_bytes(a);
+}
+
+static float scale2_of(const struct gpu_attn_args *a)
+{
+	float sc = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)a->d);
+	return sc * LOG2E;
+}
+
+template <int NQ>
+static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_head *heads,
+			       const struct ws_layout &L, cudaStream_t s)
+{
+	char *ws = (char *)a->ws;
+	/* the score kernel adds into the histograms: clear them (one memset
+	 * node in a graph, spread over the whole GPU) */
+	GPU_CK(cudaMemsetAsync(ws, 0, (size_t)a->n_heads * HIST_WORDS * 4, s));
+	k_qrot<NQ><<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d, ws, L);
+	GPU_CKL();
+	if (a->max_blocks) {
+		k_score<NQ><<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(heads, ws, L);
+		GPU_CKL();
+	}
+	GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				    (int)sizeof(struct sel_smem)));
+	k_select<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(heads, a->token_frac, ws, L);
+	GPU_CKL();
+	return 0;
+}
+
+template <int NQ, int D>
+static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *heads,
+			 cudaStream_t s)
+{
+	struct ws_layout L = ws_plan(a, WS_PACKED);
+	int rc = launch_score_select<NQ>(a, heads, L, s);
+	if (rc)
+		return rc;
+	if (a->flags & GPU_ATTN_CUDA_CORES) {
+		size_t smem = sizeof(pk_smem);
+		GPU_CK(cudaFuncSetAttribute(k_attn_packed<NQ, D>,
+					    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		k_attn_packed<NQ, D><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
+			heads, a->q, scale2_of(a), (char *)a->ws, L);
+	} else {
+		size_t smem = sizeof(tc_smem);
+		GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D>,
+					    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		k_attn_packed_tc<NQ, D><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
+			heads, a->q, scale2_of(a), (char *)a->ws, L);
+	}
+	GPU_CKL();
+	k_merge<D><<<dim3(a->n_heads, NQ), 8 * D, 0, s>>>(NQ, (char *)a->ws, L, a->out);
+	GPU_CKL();
+	return 0;
+}
+
+template <int NQ, int D>
+static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_head *heads,
+			int quest, int attend, cudaStream_t s)
+{
+	struct ws_layout L = ws_plan(a, quest ? WS_QUEST : WS_DENSE);
+	char *ws = (char *)a->ws;
+	if (quest) {
+		GPU_CK(cudaMemsetAsync(ws, 0, (size_t)a->n_heads * HIST_WORDS * 4, s));
+		k_score_quest<NQ><<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(
+			heads, a->q, a->d, a->quest_b, ws, L);
+		GPU_CKL();
+		GPU_CK(cudaFuncSetAttribute(k_select_quest, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					    (int)sizeof(struct sel_smem)));
+		k_select_quest<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(
+			heads, a->quest_b, a->token_frac, ws, L);
+		GPU_CKL();
+	}
+	if (!attend)
+		return 0;
+	k_attn_dense<NQ, D><<<dim3(L.slots, a->n_heads), 128, 0, s>>>(heads, a->q, scale2_of(a), ws, L,
+								      quest, a->quest_b);
+	GPU_CKL();
+	k_merge<D><<<dim3(a->n_heads, NQ), 8 * D, 0, s>>>(NQ, ws, L, a->out);
+	GPU_CKL();
+	return 0;
+}
+
+#define DISPATCH_NQ_D(F, ...)                                        \
+	switch (a->nq * 1000 + a->d) {                               \
+	case 1064: return F<1, 64>(__VA_ARGS__);                     \
+	case 1128: return F<1, 128>(__VA_ARGS__);                    \
+	case 2064: return F<2, 64>(__VA_ARGS__);                     \
+	case 2128: return F<2, 128>(__VA_ARGS__);                    \
+	case 3064: return F<3, 64>(__VA_ARGS__);                     \
+	case 3128: return F<3, 128>(__VA_ARGS__);                    \
+	case 4064: return F<4, 64>(__VA_ARGS__);                     \
+	case 4128: return F<4, 128>(__VA_ARGS__);                    \
+	case 8064: return F<8, 64>(__VA_ARGS__);                     \
+	case 8128: return F<8, 128>(__VA_ARGS__);                    \
+	default: return -EINVAL;                                     \
+	}
+
+int gpu_attend_packed(const struct gpu_attn_args *a, const struct gpu_head *heads,
+		      cudaStream_t s)
+{
+	if (!args_ok(a) || !heads)
+		return -EINVAL;
+	DISPATCH_NQ_D(launch_packed, a, heads, s);
+}
+
+template <int NQ, int D>
+static int launch_ss(const struct gpu_attn_args *a, const struct gpu_head *heads, cudaStream_t s)
+{
+	struct ws_layout L = ws_plan(a, WS_PACKED);
+	return launch_score_select<NQ>(a, heads, L, s);
+}
+
+int gpu_score_select(const struct gpu_attn_args *a, const struct gpu_head *heads,
+		     cudaStream_t s)
+{
+	if (!args_ok(a) || !heads)
+		return -EINVAL;
+	DISPATCH_NQ_D(launch_ss, a, heads, s);
+}
+
+static int quest_b_ok(uint32_t b)
+{
+	return b == 8 || b == 16 || b == 32 || b == 64;
+}
+
+int gpu_attend_dense(const struct gpu_attn_args *a, const struct gpu_dense_head *heads,
+		     cudaStream_t s)
+{
+	if (!args_ok(a) || !heads || !quest_b_ok(a->quest_b))
+		return -EINVAL;
+	DISPATCH_NQ_D(launch_dense, a, heads, 0, 1, s);
+}
+
+int gpu_attend_quest(const struct gpu_attn_args *a, const struct gpu_dense_head *heads,
+		     cudaStream_t s)
+{
+	if (!args_ok(a) || !heads || !quest_b_ok(a->quest_b))
+		return -EINVAL;
+	DISPATCH_NQ_D(launch_dense, a, heads, 1, 1, s);
+}
+
+int gpu_quest_score_select(const struct gpu_attn_args *a, const struct gpu_dense_head *heads,
+			   cudaStream_t s)
+{
+	if (!args_ok(a) || !heads || !quest_b_ok(a->quest_b))
+		return -EINVAL;
+	DISPATCH_NQ_D(launch_dense, a, heads, 1, 0, s);
+}
+
+int gpu_quest_bounds(const uint16_t *k, uint64_t n, uint32_t d, uint32_t qb, uint16_t *mn,
+		     uint16_t *mx, cudaStream_t s)
+{
+	if (!k || !mn || !mx || n == 0 || !quest_b_ok(qb) || d == 0 || d > GPU_MAX_D)
+		return -EINVAL;
+	uint64_t tot = (n + qb - 1) / qb * d;
+	k_quest_bounds<<<(unsigned)((tot + 255) / 256), 256, 0, s>>>(k, n, d, qb, mn, mx);
+	GPU_CKL();
+	return 0;
+}
+
+float *gpu_ws_scores(const struct gpu_attn_args *a, uint32_t head)
+{
+	struct ws_layout L = ws_plan(a, WS_PACKED);
+	return WSP(float, L, scores, a->ws, head);
+}
+
+uint32_t *gpu_ws_selected(const struct gpu_attn_args *a, uint32_t head)
+{
+	struct ws_layout L = ws_plan(a, WS_PACKED);
+	return WSP(uint32_t, L, sel, a->ws, head);
+}
+
+uint32_t *gpu_ws_counts(const struct gpu_attn_args *a, uint32_t head)
+{
+	struct ws_layout L = ws_plan(a, WS_PACKED);
+	return WSP(uint32_t, L, counts, a->ws, head);
+}

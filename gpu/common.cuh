@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: MIT */
+/* Internal helpers shared by the .cu files of gpu/ (C++ only). */
+#ifndef MKV_GPU_COMMON_CUH
+#define MKV_GPU_COMMON_CUH
+
+#include <errno.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <mosaickv/common.h>
+#include "gpu.cuh"
+
+/* A CUDA error as a negative errno.  Never aborts, never prints. */
+static inline int gpu_errno(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess:
+		return 0;
+	case cudaErrorMemoryAllocation:
+		return -ENOMEM;
+	case cudaErrorNoDevice:
+	case cudaErrorInsufficientDriver:
+	case cudaErrorInvalidDevice:
+		return -MKV_ENODEV;
+	case cudaErrorInvalidValue:
+		return -EINVAL;
+	default:
+		return -EIO;
+	}
+}
+
+/* Check a CUDA call; return its errno from the enclosing function. */
+#define GPU_CK(call)                                  \
+	do {                                          \
+		cudaError_t e_ = (call);              \
+		if (e_ != cudaSuccess)                \
+			return gpu_errno(e_);         \
+	} while (0)
+/* Check the last error after a launch. */
+#define GPU_CKL() GPU_CK(cudaGetLastError())
+
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf1(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* Nearest-even float -> bf16 (finite inputs), and outward roundings. */
+__device__ __forceinline__ uint16_t f2bf_rn(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+__device__ __forceinline__ uint16_t f2bf_down(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	uint16_t h = (uint16_t)(u >> 16);
+	if ((u & 0xffffu) && (u & 0x80000000u))
+		h++;
+	return h;
+}
+__device__ __forceinline__ uint16_t f2bf_up(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	uint16_t h = (uint16_t)(u >> 16);
+	if ((u & 0xffffu) && !(u & 0x80000000u))
+		h++;
+	return h;
+}
+
+__device__ __forceinline__ void unpack8(const uint4 &w, float *x)
+{
+	x[0] = bf_lo(w.x); x[1] = bf_hi(w.x);
+	x[2] = bf_lo(w.y); x[3] = bf_hi(w.y);
+	x[4] = bf_lo(w.z); x[5] = bf_hi(w.z);
+	x[6] = bf_lo(w.w); x[7] = bf_hi(w.w);
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+/* Block-wide exclusive scan of one uint32 per thread (blockDim.x a multiple
+ * of 32, at most 1024).  @sh: 33 words of shared memory.  Returns the
+ * exclusive prefix; *total gets the block sum.  Contains barriers. */
+__device__ __forceinline__ uint32_t block_excl_scan(uint32_t v, uint32_t *sh,
+						    uint32_t *total)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	uint32_t x = v;
+#pragma unroll
+	for (int o = 1; o < 32; o <<= 1) {
+		uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+		if (lane >= o)
+			x += y;
+	}
+	if (lane == 31)
+		sh[w] = x;
+	__syncthreads();
+	if (w == 0) {
+		uint32_t s = lane < nw ? sh[lane] : 0, t = s;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			uint32_t y = __shfl_up_sync(0xffffffffu, t, o);
+			if (lane >= o)
+				t += y;
+		}
+		if (lane < nw)
+			sh[lane] = t - s;
+		if (lane == 31)
+			sh[32] = t;
+	}
+	__syncthreads();
+	uint32_t r = sh[w] + x - v;
+	*total = sh[32];
+	__syncthreads();
+	return r;
+}
+
+#endif

@@ -1,0 +1,259 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * gpu/ — CUDA kernels of mosaickv: block scoring and selection,
+ * PackedAttention, the dense flash-decoding and Quest baselines, the update
+ * buffer append and prefill encoding.
+ *
+ * This header is plain C (it is included by C callers, tests and benchmarks
+ * as well as by the .cu files) and internal: entry names start with gpu_,
+ * are hidden, and never leave libmosaickv.so.  Every entry returns 0 or a
+ * negative errno (-EINVAL bad arguments, -ENOMEM device allocation,
+ * -MKV_ENODEV no usable device, -EIO any other CUDA error) and never aborts.
+ *
+ * Device layout (struct gpu_seg).  A KV head's history is an array of
+ * segments, each a K half and a V half of the same n tokens, uploaded from
+ * two mkv_packed_view (gpu_seg_upload) or built on the device.  Differences
+ * from the host's packed view, all to keep every load 16 bytes wide and
+ * aligned:
+ *   - values: vector i at val + i * rs, rs = r rounded up to 8 (padding
+ *     slots hold zero and are never read as data); block j's vectors are
+ *     contiguous (b * rs bf16, a multiple of 16 bytes);
+ *   - bitmaps: vector i at bm + i * bw 32-bit little-endian words,
+ *     bw = ceil(bitmap_bytes / 4) (bit j of the host's byte stream is bit
+ *     j % 32 of word j / 32; padding bits zero);
+ *   - rotation (dk × d), summaries (n_blocks × S) exactly as on the host;
+ *   - storage is bf16 only (uint16_t here).
+ * Queries, outputs and scores are fp32.  Scores and softmax states use the
+ * CPU reference's arithmetic order where it is cheap (block scores are
+ * bitwise equal given equal rotated queries).
+ */
+#ifndef MKV_GPU_CUH
+#define MKV_GPU_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+#include <mosaickv/compress.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define GPU_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define GPU_HIDDEN
+#endif
+
+#define GPU_MAX_D 128   /* head dims 64 and 128 */
+#define GPU_MAX_NQ 8    /* query heads per KV head: 1, 2, 3, 4 or 8 */
+#define GPU_CHUNK_W 256 /* a work chunk: the selected blocks of one segment
+			 * inside one aligned window of this many blocks */
+
+/* One segment on the device (K and V of the same tokens). */
+struct gpu_seg {
+	const uint16_t *k_val, *v_val;  /* bf16, n × rs */
+	const uint32_t *k_bm, *v_bm;    /* n × bw words */
+	const uint16_t *k_rot, *v_rot;  /* bf16, dk × d */
+	const uint16_t *s_min, *s_max;  /* bf16, n_blocks × S (keys) */
+	uint32_t n, b, n_blocks, S;
+	uint32_t k_dk, k_r, k_g, k_rs, k_bw;
+	uint32_t v_dk, v_r, v_g, v_rs, v_bw;
+	uint32_t block0; /* its first block's index among the head's blocks */
+	uint32_t pad_;
+};
+
+/* One (sequence, KV head) context: history segments, an optional update
+ * buffer (a packed segment attended in full, not scored; its n lives on
+ * the device and grows by gpu_append) and an optional dense window. */
+struct gpu_head {
+	const struct gpu_seg *segs; /* device array [nseg] */
+	const struct gpu_seg *buf;  /* device pointer or NULL */
+	const uint16_t *win_k, *win_v; /* bf16, win_n × d, or NULL */
+	uint64_t n_hist;   /* history tokens */
+	uint32_t nseg, n_blocks; /* history segments and blocks */
+	uint32_t win_n;
+	uint32_t buf_cap_blocks; /* capacity of buf in blocks (0: no buffer) */
+};
+
+/* Dense context for the baselines: K and V (bf16, n × d) plus the Quest
+ * block bounds (bf16, ceil(n / qb) × d, exact: bf16 inputs) and a window. */
+struct gpu_dense_head {
+	const uint16_t *k, *v;
+	const uint16_t *q_min, *q_max;
+	const uint16_t *win_k, *win_v;
+	uint64_t n;
+	uint32_t win_n, pad_;
+};
+
+/*
+ * Arguments of one decode-attention step over @n_heads contexts (batch ×
+ * KV heads).  All pointers are device pointers.  Scratch (ws) is sized by
+ * gpu_attn_ws_bytes() for the maxima given here and is reused across calls
+ * (not concurrently).
+ */
+struct gpu_attn_args {
+	uint32_t n_heads, nq, d;
+	float scale;        /* 0: 1/sqrt(d) */
+	double token_frac;  /* (0, 1] */
+	uint32_t max_segs;  /* >= every head's nseg */
+	uint32_t max_blocks;/* >= every head's n_blocks (history) */
+	uint32_t max_buf_blocks; /* >= every head's buf_cap_blocks */
+	uint32_t max_win;   /* >= every head's win_n */
+	uint32_t quest_b;   /* dense/quest: block size of the bounds (8..64) */
+	const float *q;     /* n_heads × nq × d */
+	float *out;         /* n_heads × nq × d */
+	void *ws;           /* scratch */
+	size_t ws_bytes;
+	uint32_t flags;     /* GPU_ATTN_* */
+};
+
+/* PackedAttention on CUDA cores only (the first version; kept to compare):
+ * by default the products run on the tensor cores. */
+#define GPU_ATTN_CUDA_CORES 1u
+
+/* Bytes of scratch a call with these maxima needs (packed, quest or dense;
+ * for dense, max_blocks counts tokens / quest_b). */
+GPU_HIDDEN size_t gpu_attn_ws_bytes(const struct gpu_attn_args *a);
+/* Zero the score histograms of fresh scratch.  Optional: every call clears
+ * them itself (a memset node at the start of the step). */
+GPU_HIDDEN int gpu_attn_ws_init(const struct gpu_attn_args *a, cudaStream_t s);
+
+/* 1 if a CUDA device is usable, 0 if none, negative errno on error.  Touches
+ * CUDA: call it from a test body, never from a constructor. */
+GPU_HIDDEN int gpu_device_ok(void);
+
+/* --- PackedAttention ---------------------------------------------------- */
+
+/* Score, select and attend (5 kernels on @s, capturable in a graph). */
+GPU_HIDDEN int gpu_attend_packed(const struct gpu_attn_args *a,
+				 const struct gpu_head *heads, cudaStream_t s);
+
+/* Only the score and select stages: afterwards gpu_ws_scores() holds the
+ * block scores (max over the group's heads) and gpu_ws_selected() the
+ * selected global block indices in increasing order, count from
+ * gpu_ws_counts(). */
+GPU_HIDDEN int gpu_score_select(const struct gpu_attn_args *a,
+				const struct gpu_head *heads, cudaStream_t s);
+
+/* Views into the scratch after a call (device pointers). */
+GPU_HIDDEN float *gpu_ws_scores(const struct gpu_attn_args *a, uint32_t head);
+GPU_HIDDEN uint32_t *gpu_ws_selected(const struct gpu_attn_args *a, uint32_t head);
+/* counts[0] = selected blocks, counts[1] = chunks */
+GPU_HIDDEN uint32_t *gpu_ws_counts(const struct gpu_attn_args *a, uint32_t head);
+
+/* --- Baselines ---------------------------------------------------------- */
+
+/* Dense flash-decoding over all n tokens plus the window. */
+GPU_HIDDEN int gpu_attend_dense(const struct gpu_attn_args *a,
+				const struct gpu_dense_head *heads, cudaStream_t s);
+/* Quest: score blocks of quest_b on the dense bounds, same selection rule,
+ * dense attention on the selected blocks plus the window. */
+GPU_HIDDEN int gpu_attend_quest(const struct gpu_attn_args *a,
+				const struct gpu_dense_head *heads, cudaStream_t s);
+GPU_HIDDEN int gpu_quest_score_select(const struct gpu_attn_args *a,
+				      const struct gpu_dense_head *heads,
+				      cudaStream_t s);
+/* Quest's block bounds (exact min/max per block and channel) of n × d bf16
+ * keys, written to mn/mx (ceil(n / qb) × d bf16). */
+GPU_HIDDEN int gpu_quest_bounds(const uint16_t *k, uint64_t n, uint32_t d,
+				uint32_t qb, uint16_t *mn, uint16_t *mx,
+				cudaStream_t s);
+
+/* --- Device layout ------------------------------------------------------ */
+
+/* Device bytes gpu_seg_upload needs for this pair of views. */
+GPU_HIDDEN size_t gpu_seg_bytes(const struct mkv_packed_view *k,
+				const struct mkv_packed_view *v);
+/*
+ * Copy a K/V pair of packed views into @dev (device memory of
+ * gpu_seg_bytes(), 256-byte aligned) in the device layout, and describe it
+ * in *@out (host struct with device pointers; copy it into a device array
+ * of segments).  Synchronous.  -EINVAL unless both are bf16, same n and d,
+ * d <= GPU_MAX_D, kinds right.
+ */
+GPU_HIDDEN int gpu_seg_upload(const struct mkv_packed_view *k,
+			      const struct mkv_packed_view *v, void *dev,
+			      struct gpu_seg *out);
+
+/* --- Update buffer and prefill encoding --------------------------------- */
+
+/*
+ * Append @n_new new tokens to each of @n_buf update buffers (one per layer ×
+ * KV head).  A buffer is a gpu_seg in device memory (bufs[i]) whose arrays
+ * have room for cap[i] tokens (the kernels write through its pointers);
+ * its rotation, r, g, b, S are the current segment's.  Each new K and V
+ * vector is rotated (x' = R x), keeps its top-r rotated elements (groups of
+ * g by energy, ties to the lower index, as mkv_segment_encode), is packed
+ * at index n, and the block summaries of the keys are extended (outward
+ * rounded, merged into a partly filled block).  n and n_blocks advance on
+ * the device, so attention launched after it on the same stream covers
+ * the new tokens with no gap and a captured graph stays valid.  Tokens past
+ * cap are dropped and *overflow (device, may be NULL) is set to 1.
+ * k_new, v_new: bf16, n_buf × n_new × d, device.  ws: gpu_append_ws_bytes.
+ */
+struct gpu_append_args {
+	uint32_t n_buf, n_new, d;
+	struct gpu_seg *bufs;      /* device array [n_buf] */
+	const uint32_t *cap;       /* device array [n_buf]: token capacity */
+	const uint16_t *k_new, *v_new;
+	uint32_t *overflow;
+	void *ws;
+	size_t ws_bytes;
+};
+GPU_HIDDEN size_t gpu_append_ws_bytes(uint32_t n_buf, uint32_t n_new);
+GPU_HIDDEN int gpu_append(const struct gpu_append_args *a, cudaStream_t s);
+
+/*
+ * Prefill encoding of a layer on the GPU, in stages so that the eigen-
+ * decomposition can run either on the GPU (cuSOLVER) or on CPU workers.
+ * An encoder holds the cuBLAS/cuSOLVER handles and workspaces.
+ */
+struct gpu_encoder;
+GPU_HIDDEN int gpu_encoder_create(uint32_t d, uint32_t nmat, struct gpu_encoder **out);
+GPU_HIDDEN void gpu_encoder_destroy(struct gpu_encoder *e);
+/* cov[m] = X_mᵀ X_m (d × d float, device) for nmat matrices X_m (n × d bf16,
+ * device, contiguous one after the other). */
+GPU_HIDDEN int gpu_encode_cov(struct gpu_encoder *e, const uint16_t *x, uint32_t nmat,
+			      uint32_t n, float *cov, cudaStream_t s);
+/* Eigenvectors of each cov[m] (destroyed) as rows of R[m] (d × d float,
+ * device), eigenvalues descending, by cuSOLVER syevd. */
+GPU_HIDDEN int gpu_encode_eig(struct gpu_encoder *e, float *cov, uint32_t nmat, float *R,
+			      cudaStream_t s);
+
+/*
+ * Pack: matrices 2i (keys) and 2i+1 (values) of x become segment pair i,
+ * rotated by the first d_keep rows of R[m] (rounded to bf16), per-vector
+ * top-r in groups of g, block summaries over the first S channels.  The
+ * arrays live in @dev (gpu_encode_pack_bytes); segs receives nmat/2 host
+ * descriptors with device pointers.
+ */
+struct gpu_encode_args {
+	uint32_t nmat, n, d, r, g, b, S, drop;
+	const uint16_t *x;  /* device, nmat × n × d bf16 */
+	const float *R;     /* device, nmat × d × d */
+	void *dev;
+	size_t dev_bytes;
+	struct gpu_seg *segs; /* host array [nmat / 2] */
+};
+GPU_HIDDEN size_t gpu_encode_pack_bytes(const struct gpu_encode_args *a);
+GPU_HIDDEN int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a,
+			       cudaStream_t s);
+
+/* --- Synthetic device data (benchmarks, tests) ------------------------- */
+
+/* p[i] = bf16(offset + scale · N(0,1)-like), reproducible from @seed. */
+GPU_HIDDEN int gpu_synth_bf16(uint16_t *p, uint64_t n, float scale, float offset,
+			      uint64_t seed, cudaStream_t s);
+/* Block bounds: mn[i] <= mx[i], random. */
+GPU_HIDDEN int gpu_synth_minmax(uint16_t *mn, uint16_t *mx, uint64_t n, uint64_t seed,
+				cudaStream_t s);
+/* nvec bitmaps of bw words, each with exactly nbits of the first ngroups
+ * bits set. */
+GPU_HIDDEN int gpu_synth_bitmaps(uint32_t *bm, uint64_t nvec, uint32_t bw, uint32_t ngroups,
+				 uint32_t nbits, uint64_t seed, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,630 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Compression on the GPU: the update-buffer append (rotate, per-vector
+ * top-r, pack, extend block summaries) and prefill encoding (covariance by
+ * cuBLAS, eigen-decomposition by cuSOLVER, then the same packing kernel).
+ * CPU reference: mkv_segment_encode with a given rotation.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <cublas_v2.h>
+#include <cusolverDn.h>
+#include "common.cuh"
+
+/* One run of tokens to pack into one half (K or V) of a segment. */
+struct pack_job {
+	const uint16_t *x; /* ntok × d bf16 */
+	const uint16_t *R; /* dk × d bf16 */
+	uint16_t *val;     /* segment values (token 0) */
+	uint32_t *bm;      /* segment bitmaps (token 0) */
+	uint16_t *smin, *smax; /* NULL for values */
+	float *xs;         /* exact rotated keys: row t at xs + t * xs_ld */
+	const float *xr;   /* prefill: rotated vectors, ntok × dk (k_pack_rot) */
+	uint32_t tok0, ntok, dk, r, g, rs, bw, S, b, xs_ld;
+};
+
+/* One warp per token.  Matches encode_select/pack_vector of segment.c. */
+__global__ void __launch_bounds__(128) k_pack(const struct pack_job *jobs, uint32_t d)
+{
+	__shared__ __align__(16) float xsh[4][GPU_MAX_D];
+	__shared__ float esh[4][GPU_MAX_D];
+	__shared__ uint8_t selsh[4][GPU_MAX_D];
+	const struct pack_job &J = jobs[blockIdx.y];
+	int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	uint32_t t = blockIdx.x * 4 + w;
+	if (t >= J.ntok)
+		return; /* warp-uniform */
+	const uint16_t *x = J.x + (size_t)t * d;
+	for (uint32_t j = lane; j < d; j += 32)
+		xsh[w][j] = bf1(x[j]);
+	__syncwarp();
+	uint32_t dk = J.dk, g = J.g, ng = dk / g, kg = J.r / g;
+	float xr[4];
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		float s = 0.0f;
+		if (c < dk) {
+			const uint4 *row = (const uint4 *)(J.R + (size_t)c * d);
+			for (uint32_t j8 = 0; j8 < d / 8; j8++) {
+				float rv[8];
+				unpack8(__ldg(row + j8), rv);
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					s = fmaf(rv[e], xsh[w][j8 * 8 + e], s);
+			}
+		}
+		xr[k] = s;
+	}
+	/* group energies in the CPU's order: Σ_t x'(jg+t)² sequentially */
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		int lead = lane & ~(int)(g - 1);
+		float e = 0.0f;
+		for (uint32_t tt = 0; tt < g; tt++) {
+			float v = __shfl_sync(0xffffffffu, xr[k], lead + (int)tt);
+			e = __fadd_rn(e, __fmul_rn(v, v));
+		}
+		if (c < dk && (c % g) == 0)
+			esh[w][c / g] = e;
+	}
+	__syncwarp();
+	for (uint32_t j = lane; j < ng; j += 32) {
+		float ej = esh[w][j];
+		uint32_t rank = 0;
+		for (uint32_t i = 0; i < ng; i++) {
+			float ei = esh[w][i];
+			rank += (ei > ej) || (ei == ej && i < j);
+		}
+		selsh[w][j] = rank < kg;
+	}
+	__syncwarp();
+	uint32_t W[4];
+#pragma unroll
+	for (int wd = 0; wd < 4; wd++) {
+		uint32_t j = 32 * wd + lane;
+		W[wd] = __ballot_sync(0xffffffffu, j < ng && selsh[w][j]);
+	}
+	size_t tok = (size_t)J.tok0 + t;
+	if (lane < (int)J.bw)
+		J.bm[tok * J.bw + lane] = lane == 0 ? W[0] : lane == 1 ? W[1] : lane == 2 ? W[2] : W[3];
+	uint16_t *out = J.val + tok * J.rs;
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		if (c < dk) {
+			uint32_t j = c / g;
+			if (selsh[w][j]) {
+				uint32_t pos = 0, wj = j >> 5;
+#pragma unroll
+				for (int wd = 0; wd < 4; wd++)
+					if ((uint32_t)wd < wj)
+						pos += __popc(W[wd]);
+				uint32_t ww = wj == 0 ? W[0] : wj == 1 ? W[1] : wj == 2 ? W[2] : W[3];
+				pos += __popc(ww & ((1u << (j & 31)) - 1u));
+				out[pos * g + c % g] = f2bf_rn(xr[k]);
+			}
+			if (J.xs && c < J.S)
+				J.xs[(size_t)t * J.xs_ld + c] = xr[k];
+		}
+	}
+	for (uint32_t sl = J.r + lane; sl < J.rs; sl += 32)
+		out[sl] = 0;
+}
+
+/* Block summaries of the keys just packed: thread per (block, channel). */
+__global__ void k_summ(const struct pack_job *jobs)
+{
+	const struct pack_job &J = jobs[blockIdx.y];
+	if (!J.smin || J.ntok == 0)
+		return;
+	uint32_t b = J.b, fb = J.tok0 / b, lb = (J.tok0 + J.ntok - 1) / b;
+	uint32_t blk = fb + blockIdx.x;
+	if (blk > lb)
+		return;
+	uint32_t t0 = max(J.tok0, blk * b), t1 = min(J.tok0 + J.ntok, (blk + 1) * b);
+	bool merge = blk * b < J.tok0; /* the block already holds tokens */
+	for (uint32_t c = threadIdx.x; c < J.S; c += blockDim.x) {
+		float mn = INFINITY, mx = -INFINITY;
+		for (uint32_t t = t0; t < t1; t++) {
+			float v = J.xs[(size_t)(t - J.tok0) * J.xs_ld + c];
+			mn = fminf(mn, v);
+			mx = fmaxf(mx, v);
+		}
+		uint16_t a = f2bf_down(mn), z = f2bf_up(mx);
+		size_t o = (size_t)blk * J.S + c;
+		if (merge) {
+			if (bf1(J.smin[o]) < bf1(a))
+				a = J.smin[o];
+			if (bf1(J.smax[o]) > bf1(z))
+				z = J.smax[o];
+		}
+		J.smin[o] = a;
+		J.smax[o] = z;
+	}
+}
+
+/*
+ * Prefill packing from rotated vectors (cuBLAS did x' = x Rᵀ): one warp per
+ * vector, the r/g largest group energies found by a bitwise radix search
+ * over ballots (energies are non-negative, so their bits order them), ties
+ * to the lower group index as mkv_topk_mask.
+ */
+__global__ void __launch_bounds__(128) k_pack_rot(const struct pack_job *jobs)
+{
+	__shared__ uint8_t selsh[4][GPU_MAX_D];
+	const struct pack_job &J = jobs[blockIdx.y];
+	int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	uint32_t t = blockIdx.x * 4 + w;
+	if (t >= J.ntok)
+		return; /* warp-uniform */
+	uint32_t dk = J.dk, g = J.g, ng = dk / g, kg = J.r / g;
+	const float *row = J.xr + (size_t)t * dk;
+	float xr[4];
+	uint32_t eb[4];
+	bool lead[4];
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		xr[k] = c < dk ? row[c] : 0.0f;
+	}
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		int ld = lane & ~(int)(g - 1);
+		float e = 0.0f;
+		for (uint32_t tt = 0; tt < g; tt++) {
+			float v = __shfl_sync(0xffffffffu, xr[k], ld + (int)tt);
+			e = __fadd_rn(e, __fmul_rn(v, v));
+		}
+		lead[k] = c < dk && (c % g) == 0;
+		eb[k] = __float_as_uint(e);
+	}
+	/* T = the kg-th largest energy: the largest value with >= kg at or above */
+	uint32_t T = 0;
+	for (int bit = 31; bit >= 0; bit--) {
+		uint32_t cand = T | (1u << bit), cnt = 0;
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			cnt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] >= cand));
+		if (cnt >= kg)
+			T = cand;
+	}
+	uint32_t ngt = 0;
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		ngt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] > T));
+	uint32_t ties_left = kg - ngt, tie_before = 0; /* ties in (k, lane) order */
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		uint32_t tb = __ballot_sync(0xffffffffu, lead[k] && eb[k] == T);
+		bool s = lead[k] && (eb[k] > T ||
+				     (eb[k] == T && tie_before + __popc(tb & ((1u << lane) - 1u)) < ties_left));
+		tie_before += __popc(tb);
+		if (lead[k])
+			selsh[w][c / g] = s;
+	}
+	__syncwarp();
+	uint32_t W[4];
+#pragma unroll
+	for (int wd = 0; wd < 4; wd++) {
+		uint32_t j = 32 * wd + lane;
+		W[wd] = __ballot_sync(0xffffffffu, j < ng && selsh[w][j]);
+	}
+	size_t tok = (size_t)J.tok0 + t;
+	if (lane < (int)J.bw)
+		J.bm[tok * J.bw + lane] = lane == 0 ? W[0] : lane == 1 ? W[1] : lane == 2 ? W[2] : W[3];
+	uint16_t *out = J.val + tok * J.rs;
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		if (c < dk) {
+			uint32_t j = c / g;
+			if (selsh[w][j]) {
+				uint32_t pos = 0, wj = j >> 5;
+#pragma unroll
+				for (int wd = 0; wd < 4; wd++)
+					if ((uint32_t)wd < wj)
+						pos += __popc(W[wd]);
+				uint32_t ww = wj == 0 ? W[0] : wj == 1 ? W[1] : wj == 2 ? W[2] : W[3];
+				pos += __popc(ww & ((1u << (j & 31)) - 1u));
+				out[pos * g + c % g] = f2bf_rn(xr[k]);
+			}
+		}
+	}
+	for (uint32_t sl = J.r + lane; sl < J.rs; sl += 32)
+		out[sl] = 0;
+}
+
+/* Append: thread per buffer builds its two jobs and advances n. */
+__global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32_t n_buf,
+			       uint32_t n_new, uint32_t d, const uint16_t *kn, const uint16_t *vn,
+			       struct pack_job *jobs, float *xs, uint32_t *overflow)
+{
+	uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= n_buf)
+		return;
+	struct gpu_seg &B = bufs[i];
+	uint32_t n = B.n, cnt = n_new;
+	if (n + n_new > cap[i]) {
+		cnt = cap[i] > n ? cap[i] - n : 0;
+		if (overflow)
+			*overflow = 1;
+	}
+	struct pack_job k, v;
+	k.x = kn + (size_t)i * n_new * d;
+	k.R = B.k_rot;
+	k.val = (uint16_t *)B.k_val;
+	k.bm = (uint32_t *)B.k_bm;
+	k.smin = (uint16_t *)B.s_min;
+	k.smax = (uint16_t *)B.s_max;
+	k.xs = xs + (size_t)i * n_new * GPU_MAX_D;
+	k.tok0 = n;
+	k.ntok = cnt;
+	k.dk = B.k_dk;
+	k.r = B.k_r;
+	k.g = B.k_g;
+	k.rs = B.k_rs;
+	k.bw = B.k_bw;
+	k.S = B.S;
+	k.b = B.b;
+	k.xs_ld = B.S;
+	k.xr = NULL;
+	v = k;
+	v.x = vn + (size_t)i * n_new * d;
+	v.R = B.v_rot;
+	v.val = (uint16_t *)B.v_val;
+	v.bm = (uint32_t *)B.v_bm;
+	v.smin = v.smax = NULL;
+	v.xs = NULL;
+	v.dk = B.v_dk;
+	v.r = B.v_r;
+	v.g = B.v_g;
+	v.rs = B.v_rs;
+	v.bw = B.v_bw;
+	v.S = 0;
+	jobs[2 * i] = k;
+	jobs[2 * i + 1] = v;
+	B.n = n + cnt;
+	B.n_blocks = (n + cnt + B.b - 1) / B.b;
+}
+
+size_t gpu_append_ws_bytes(uint32_t n_buf, uint32_t n_new)
+{
+	size_t jobs = ((size_t)2 * n_buf * sizeof(struct pack_job) + 255) & ~(size_t)255;
+	return jobs + (size_t)n_buf * n_new * GPU_MAX_D * sizeof(float);
+}
+
+int gpu_append(const struct gpu_append_args *a, cudaStream_t s)
+{
+	if (!a || !a->bufs || !a->cap || !a->k_new || !a->v_new || !a->ws || a->n_buf == 0 ||
+	    a->n_new == 0 || a->n_buf > 65535 || !(a->d == 64 || a->d == 128) ||
+	    a->ws_bytes < gpu_append_ws_bytes(a->n_buf, a->n_new))
+		return -EINVAL;
+	struct pack_job *jobs = (struct pack_job *)a->ws;
+	size_t joff = ((size_t)2 * a->n_buf * sizeof(struct pack_job) + 255) & ~(size_t)255;
+	float *xs = (float *)((char *)a->ws + joff);
+	k_append_setup<<<(a->n_buf + 127) / 128, 128, 0, s>>>(a->bufs, a->cap, a->n_buf, a->n_new,
+								a->d, a->k_new, a->v_new, jobs, xs,
+								a->overflow);
+	GPU_CKL();
+	k_pack<<<dim3((a->n_new + 3) / 4, 2 * a->n_buf), 128, 0, s>>>(jobs, a->d);
+	GPU_CKL();
+	/* blocks touched by n_new tokens starting anywhere: n_new/8 + 2 at b >= 8 */
+	k_summ<<<dim3(a->n_new / 8 + 2, 2 * a->n_buf), 128, 0, s>>>(jobs);
+	GPU_CKL();
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Prefill encoding.                                                   */
+
+struct gpu_encoder {
+	cublasHandle_t blas;
+	cusolverDnHandle_t sol;
+	cusolverDnParams_t params;
+	uint32_t d, nmat;
+	void *dwork;   /* batched syev workspace, device */
+	size_t dwork_bytes;
+	void *hwork;   /* and host */
+	size_t hwork_bytes;
+	float *work;   /* per-matrix syevd workspace (fallback) */
+	int lwork;
+	int *info;     /* nmat ints */
+	float *eigv;   /* nmat × d eigenvalues */
+	struct pack_job *jobs; /* device, nmat */
+	uint16_t *rot; /* nmat × d × d bf16 staging of the rounded rotations */
+	float *xr;     /* rotated vectors, nmat × n × d_keep */
+	size_t xr_bytes;
+};
+
+int gpu_encoder_create(uint32_t d, uint32_t nmat, struct gpu_encoder **out)
+{
+	if (!out || !(d == 64 || d == 128) || nmat == 0 || nmat % 2)
+		return -EINVAL;
+	struct gpu_encoder *e = (struct gpu_encoder *)calloc(1, sizeof *e);
+	if (!e)
+		return -ENOMEM;
+	e->d = d;
+	e->nmat = nmat;
+	int rc = -EIO;
+	cudaError_t ce;
+	float *tmp = NULL;
+	if (cublasCreate(&e->blas) != CUBLAS_STATUS_SUCCESS)
+		goto fail;
+	if (cusolverDnCreate(&e->sol) != CUSOLVER_STATUS_SUCCESS ||
+	    cusolverDnCreateParams(&e->params) != CUSOLVER_STATUS_SUCCESS)
+		goto fail;
+	if ((ce = cudaMalloc(&e->info, sizeof(int) * nmat)) != cudaSuccess ||
+	    (ce = cudaMalloc(&e->eigv, sizeof(float) * d * nmat)) != cudaSuccess ||
+	    (ce = cudaMalloc(&e->jobs, sizeof(struct pack_job) * nmat)) != cudaSuccess ||
+	    (ce = cudaMalloc(&e->rot, (size_t)2 * d * d * nmat)) != cudaSuccess ||
+	    (ce = cudaMalloc(&tmp, sizeof(float) * d * d * nmat)) != cudaSuccess) {
+		rc = gpu_errno(ce);
+		goto fail;
+	}
+	{
+		int lw = 0;
+		if (cusolverDnSsyevd_bufferSize(e->sol, CUSOLVER_EIG_MODE_VECTOR,
+						CUBLAS_FILL_MODE_LOWER, (int)d, tmp, (int)d,
+						e->eigv, &lw) != CUSOLVER_STATUS_SUCCESS)
+			goto fail;
+		e->lwork = lw;
+		if ((ce = cudaMalloc(&e->work, sizeof(float) * (size_t)lw * nmat)) != cudaSuccess) {
+			rc = gpu_errno(ce);
+			goto fail;
+		}
+		size_t db = 0, hb = 0;
+		if (cusolverDnXsyevBatched_bufferSize(e->sol, e->params, CUSOLVER_EIG_MODE_VECTOR,
+						      CUBLAS_FILL_MODE_LOWER, d, CUDA_R_32F, tmp, d,
+						      CUDA_R_32F, e->eigv, CUDA_R_32F, &db, &hb,
+						      nmat) == CUSOLVER_STATUS_SUCCESS) {
+			if ((ce = cudaMalloc(&e->dwork, db ? db : 1)) != cudaSuccess) {
+				rc = gpu_errno(ce);
+				goto fail;
+			}
+			e->dwork_bytes = db;
+			e->hwork = malloc(hb ? hb : 1);
+			if (!e->hwork) {
+				rc = -ENOMEM;
+				goto fail;
+			}
+			e->hwork_bytes = hb;
+		}
+	}
+	cudaFree(tmp);
+	*out = e;
+	return 0;
+fail:
+	cudaFree(tmp);
+	gpu_encoder_destroy(e);
+	return rc;
+}
+
+void gpu_encoder_destroy(struct gpu_encoder *e)
+{
+	if (!e)
+		return;
+	if (e->blas)
+		cublasDestroy(e->blas);
+	if (e->params)
+		cusolverDnDestroyParams(e->params);
+	if (e->sol)
+		cusolverDnDestroy(e->sol);
+	cudaFree(e->dwork);
+	free(e->hwork);
+	cudaFree(e->work);
+	cudaFree(e->info);
+	cudaFree(e->eigv);
+	cudaFree(e->jobs);
+	cudaFree(e->rot);
+	cudaFree(e->xr);
+	free(e);
+}
+
+int gpu_encode_cov(struct gpu_encoder *e, const uint16_t *x, uint32_t nmat, uint32_t n,
+		   float *cov, cudaStream_t s)
+{
+	if (!e || !x || !cov || nmat == 0 || nmat > e->nmat || n == 0)
+		return -EINVAL;
+	if (cublasSetStream(e->blas, s) != CUBLAS_STATUS_SUCCESS)
+		return -EIO;
+	/* Row-major X (n × d) is column-major Xᵀ (d × n, ld d): C = Xᵀ (Xᵀ)ᵀ. */
+	float one = 1.0f, zero = 0.0f;
+	int d = (int)e->d;
+	cublasStatus_t st = cublasGemmStridedBatchedEx(
+		e->blas, CUBLAS_OP_N, CUBLAS_OP_T, d, d, (int)n, &one, x, CUDA_R_16BF, d,
+		(long long)n * d, x, CUDA_R_16BF, d, (long long)n * d, &zero, cov, CUDA_R_32F, d,
+		(long long)d * d, (int)nmat, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	if (st != CUBLAS_STATUS_SUCCESS)
+		return st == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
+	GPU_CKL();
+	return 0;
+}
+
+/* R[m] row i = eigenvector d-1-i (syevd: ascending, in columns). */
+__global__ void k_eig_rows(const float *A, float *R, uint32_t d)
+{
+	uint32_t m = blockIdx.y, i = blockIdx.x;
+	for (uint32_t j = threadIdx.x; j < d; j += blockDim.x)
+		R[((size_t)m * d + i) * d + j] = A[((size_t)m * d + (d - 1 - i)) * d + j];
+}
+
+int gpu_encode_eig(struct gpu_encoder *e, float *cov, uint32_t nmat, float *R, cudaStream_t s)
+{
+	if (!e || !cov || !R || nmat == 0 || nmat > e->nmat)
+		return -EINVAL;
+	if (cusolverDnSetStream(e->sol, s) != CUSOLVER_STATUS_SUCCESS)
+		return -EIO;
+	int d = (int)e->d;
+	/* one batched call where the library has it, else one syevd each */
+	if (!e->dwork || nmat != e->nmat ||
+	    cusolverDnXsyevBatched(e->sol, e->params, CUSOLVER_EIG_MODE_VECTOR,
+				   CUBLAS_FILL_MODE_LOWER, d, CUDA_R_32F, cov, d, CUDA_R_32F,
+				   e->eigv, CUDA_R_32F, e->dwork, e->dwork_bytes, e->hwork,
+				   e->hwork_bytes, e->info, nmat) != CUSOLVER_STATUS_SUCCESS) {
+		for (uint32_t m = 0; m < nmat; m++) {
+			cusolverStatus_t st = cusolverDnSsyevd(
+				e->sol, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, d,
+				cov + (size_t)m * d * d, d, e->eigv + (size_t)m * d,
+				e->work + (size_t)m * e->lwork, e->lwork, e->info + m);
+			if (st != CUSOLVER_STATUS_SUCCESS)
+				return -EIO;
+		}
+	}
+	k_eig_rows<<<dim3(e->d, nmat), 128, 0, s>>>(cov, R, e->d);
+	GPU_CKL();
+	return 0;
+}
+
+/* Round the first dk rows of R (float) to bf16 into rot and stage. */
+__global__ void k_rot_bf16(const float *R, uint16_t *rot, uint16_t *stage, uint32_t dk,
+			   uint32_t d)
+{
+	uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < dk * d) {
+		uint16_t v = f2bf_rn(R[i]);
+		rot[i] = v;
+		stage[i] = v;
+	}
+}
+
+struct enc_plan {
+	size_t k_val, k_bm, k_rot, s_min, s_max, v_val, v_bm, v_rot, per_pair;
+	uint32_t dk, rs, bw, nb;
+};
+
+static size_t al(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static int enc_plan_of(const struct gpu_encode_args *a, struct enc_plan *p)
+{
+	if (!a || a->nmat == 0 || a->nmat % 2 || a->n == 0 || a->n > MKV_MAX_N ||
+	    !(a->d == 64 || a->d == 128) || !(a->g == 1 || a->g == 2 || a->g == 4 || a->g == 8) ||
+	    !(a->b == 8 || a->b == 16 || a->b == 32 || a->b == 64) || a->drop > 1)
+		return -EINVAL;
+	p->dk = a->drop ? a->d - a->d / 4 : a->d;
+	if (a->r == 0 || a->r > p->dk || a->r % a->g || a->S == 0 || a->S > p->dk)
+		return -EINVAL;
+	p->rs = (a->r + 7) & ~7u;
+	p->bw = (p->dk / a->g + 31) / 32;
+	p->nb = (a->n + a->b - 1) / a->b;
+	size_t n = a->n, off = 0;
+	p->k_val = off; off += al(n * p->rs * 2);
+	p->k_bm = off; off += al(n * p->bw * 4);
+	p->k_rot = off; off += al((size_t)p->dk * a->d * 2);
+	p->s_min = off; off += al((size_t)p->nb * a->S * 2);
+	p->s_max = off; off += al((size_t)p->nb * a->S * 2);
+	p->v_val = off; off += al(n * p->rs * 2);
+	p->v_bm = off; off += al(n * p->bw * 4);
+	p->v_rot = off; off += al((size_t)p->dk * a->d * 2);
+	p->per_pair = off;
+	return 0;
+}
+
+size_t gpu_encode_pack_bytes(const struct gpu_encode_args *a)
+{
+	struct enc_plan p;
+	return enc_plan_of(a, &p) ? 0 : p.per_pair * (a->nmat / 2);
+}
+
+int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cudaStream_t s)
+{
+	struct enc_plan p;
+	if (!e || enc_plan_of(a, &p) || !a->x || !a->R || !a->dev || !a->segs ||
+	    a->d != e->d || a->nmat > e->nmat || a->dev_bytes < p.per_pair * (a->nmat / 2))
+		return -EINVAL;
+	uint32_t d = a->d, dk = p.dk;
+	size_t need = (size_t)a->nmat * a->n * dk * sizeof(float);
+	if (need > e->xr_bytes) {
+		cudaFree(e->xr);
+		e->xr = NULL;
+		e->xr_bytes = 0;
+		GPU_CK(cudaMalloc(&e->xr, need));
+		e->xr_bytes = need;
+	}
+	struct pack_job *hj = (struct pack_job *)calloc(a->nmat, sizeof *hj);
+	if (!hj)
+		return -ENOMEM;
+	for (uint32_t m = 0; m < a->nmat; m++) {
+		char *base = (char *)a->dev + (m / 2) * p.per_pair;
+		int key = (m % 2) == 0;
+		uint16_t *rot = (uint16_t *)(base + (key ? p.k_rot : p.v_rot));
+		k_rot_bf16<<<(dk * d + 255) / 256, 256, 0, s>>>(a->R + (size_t)m * d * d, rot,
+								e->rot + (size_t)m * dk * d, dk, d);
+		cudaError_t ce = cudaGetLastError();
+		if (ce != cudaSuccess) {
+			free(hj);
+			return gpu_errno(ce);
+		}
+		float *xr = e->xr + (size_t)m * a->n * dk;
+		struct pack_job *j = &hj[m];
+		j->x = a->x + (size_t)m * a->n * d;
+		j->R = rot;
+		j->xr = xr;
+		j->val = (uint16_t *)(base + (key ? p.k_val : p.v_val));
+		j->bm = (uint32_t *)(base + (key ? p.k_bm : p.v_bm));
+		j->smin = key ? (uint16_t *)(base + p.s_min) : NULL;
+		j->smax = key ? (uint16_t *)(base + p.s_max) : NULL;
+		j->xs = key ? xr : NULL; /* summaries straight from x' */
+		j->xs_ld = dk;
+		j->tok0 = 0;
+		j->ntok = a->n;
+		j->dk = dk;
+		j->r = a->r;
+		j->g = a->g;
+		j->rs = p.rs;
+		j->bw = p.bw;
+		j->S = key ? a->S : 0;
+		j->b = a->b;
+		if (key) {
+			struct gpu_seg *sg = &a->segs[m / 2];
+			memset(sg, 0, sizeof *sg);
+			sg->k_val = j->val;
+			sg->k_bm = j->bm;
+			sg->k_rot = rot;
+			sg->s_min = j->smin;
+			sg->s_max = j->smax;
+			sg->v_val = (const uint16_t *)(base + p.v_val);
+			sg->v_bm = (const uint32_t *)(base + p.v_bm);
+			sg->v_rot = (const uint16_t *)(base + p.v_rot);
+			sg->n = a->n;
+			sg->b = a->b;
+			sg->n_blocks = p.nb;
+			sg->S = a->S;
+			sg->k_dk = sg->v_dk = dk;
+			sg->k_r = sg->v_r = a->r;
+			sg->k_g = sg->v_g = a->g;
+			sg->k_rs = sg->v_rs = p.rs;
+			sg->k_bw = sg->v_bw = p.bw;
+		}
+	}
+	/* x' = x Rᵀ on the tensor cores: column-major X'ᵀ (dk × n) = R (as
+	 * (Rᵀ)ᵀ, ld d) · Xᵀ (d × n, ld d); bf16 products are exact in fp32. */
+	if (cublasSetStream(e->blas, s) != CUBLAS_STATUS_SUCCESS) {
+		free(hj);
+		return -EIO;
+	}
+	float one = 1.0f, zero = 0.0f;
+	cublasStatus_t bs = cublasGemmStridedBatchedEx(
+		e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)dk, (int)a->n, (int)d, &one, e->rot,
+		CUDA_R_16BF, (int)d, (long long)dk * d, a->x, CUDA_R_16BF, (int)d,
+		(long long)a->n * d, &zero, e->xr, CUDA_R_32F, (int)dk, (long long)a->n * dk,
+		(int)a->nmat, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	if (bs != CUBLAS_STATUS_SUCCESS) {
+		free(hj);
+		return bs == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
+	}
+	cudaError_t ce = cudaMemcpyAsync(e->jobs, hj, sizeof(*hj) * a->nmat, cudaMemcpyHostToDevice, s);
+	if (ce == cudaSuccess)
+		ce = cudaStreamSynchronize(s); /* hj is freed below */
+	free(hj);
+	if (ce != cudaSuccess)
+		return gpu_errno(ce);
+	k_pack_rot<<<dim3((a->n + 3) / 4, a->nmat), 128, 0, s>>>(e->jobs);
+	GPU_CKL();
+	k_summ<<<dim3(p.nb, a->nmat), 128, 0, s>>>(e->jobs);
+	GPU_CKL();
+	return 0;
+}

@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: MIT */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
+
+static uint64_t splitmix(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+uint64_t gu_seed(void)
+{
+	static uint64_t ctr;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+		     ((uint64_t)getpid() << 40) ^ ++ctr;
+	return splitmix(&s);
+}
+
+void gu_rng_init(struct gu_rng *g, uint64_t seed)
+{
+	for (int i = 0; i < 4; i++)
+		g->s[i] = splitmix(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t next(struct gu_rng *g)
+{
+	uint64_t *s = g->s;
+	uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = rotl(s[3], 45);
+	return r;
+}
+
+double gu_uniform(struct gu_rng *g)
+{
+	return (double)(next(g) >> 11) * 0x1p-53;
+}
+
+double gu_normal(struct gu_rng *g)
+{
+	double u = gu_uniform(g), v = gu_uniform(g);
+	if (u < 1e-300)
+		u = 1e-300;
+	return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+uint32_t gu_below(struct gu_rng *g, uint32_t n)
+{
+	return (uint32_t)(gu_uniform(g) * n);
+}
+
+uint16_t gu_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+float gu_f32(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+void gu_fill_kv(struct gu_rng *g, uint16_t *out, size_t n, uint32_t d)
+{
+	double sc[256], off[256];
+	for (uint32_t c = 0; c < d; c++) {
+		sc[c] = exp(-2.0 * c / d) * (0.5 + gu_uniform(g));
+		off[c] = 0.3 * gu_normal(g);
+	}
+	for (size_t i = 0; i < n; i++)
+		for (uint32_t c = 0; c < d; c++)
+			out[i * d + c] = gu_bf16((float)(off[c] + sc[c] * gu_normal(g)));
+}
+
+void *gu_dev(size_t bytes)
+{
+	void *p = NULL;
+	GU_CK(cudaMalloc(&p, bytes ? bytes : 1));
+	return p;
+}
+
+void *gu_upload(const void *h, size_t bytes)
+{
+	void *p = gu_dev(bytes);
+	GU_CK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
+	return p;
+}
+
+void gu_ctx_build(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
+		  const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o)
+{
+	memset(c, 0, sizeof *c);
+	cr_assert(nseg <= 16);
+	c->d = d;
+	c->nseg = nseg;
+	c->win_n = win_n;
+	for (uint32_t s = 0; s < nseg; s++) {
+		c->lens[s] = lens[s];
+		c->n_hist += lens[s];
+	}
+	c->ntot = c->n_hist + win_n;
+	c->k = malloc(c->ntot * d * 2);
+	c->v = malloc(c->ntot * d * 2);
+	cr_assert(c->k && c->v);
+	gu_fill_kv(g, c->k, c->ntot, d);
+	gu_fill_kv(g, c->v, c->ntot, d);
+	size_t off = 0;
+	for (uint32_t s = 0; s < nseg; s++) {
+		struct mkv_encode_opts e = *o;
+		e.d = d;
+		e.kind = MKV_KIND_KEY;
+		int rc = mkv_segment_encode(&e, c->k + off * d, MKV_DTYPE_BF16, lens[s], &c->ks[s]);
+		cr_assert_eq(rc, 0, "encode K: %s", mkv_strerror(rc));
+		e.kind = MKV_KIND_VALUE;
+		e.summary_channels = 0;
+		rc = mkv_segment_encode(&e, c->v + off * d, MKV_DTYPE_BF16, lens[s], &c->vs[s]);
+		cr_assert_eq(rc, 0, "encode V: %s", mkv_strerror(rc));
+		struct mkv_packed_view kv, vv;
+		cr_assert_eq(mkv_segment_view(c->ks[s], &kv), 0);
+		cr_assert_eq(mkv_segment_view(c->vs[s], &vv), 0);
+		size_t bytes = gpu_seg_bytes(&kv, &vv);
+		cr_assert(bytes > 0);
+		c->dev[s] = gu_dev(bytes);
+		cr_assert_eq(gpu_seg_upload(&kv, &vv, c->dev[s], &c->segs[s]), 0);
+		c->segs[s].block0 = c->n_blocks;
+		c->n_blocks += kv.n_blocks;
+		off += lens[s];
+	}
+	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (nseg ? nseg : 1));
+	if (win_n) {
+		c->dwin_k = gu_upload(c->k + c->n_hist * d, (size_t)win_n * d * 2);
+		c->dwin_v = gu_upload(c->v + c->n_hist * d, (size_t)win_n * d * 2);
+	}
+}
+
+void gu_ctx_free(struct gu_ctx *c)
+{
+	for (uint32_t s = 0; s < c->nseg; s++) {
+		mkv_segment_destroy(c->ks[s]);
+		mkv_segment_destroy(c->vs[s]);
+		cudaFree(c->dev[s]);
+	}
+	cudaFree(c->dsegs);
+	cudaFree(c->dwin_k);
+	cudaFree(c->dwin_v);
+	free(c->k);
+	free(c->v);
+}
+
+struct gpu_head gu_ctx_head(const struct gu_ctx *c)
+{
+	struct gpu_head h;
+	memset(&h, 0, sizeof h);
+	h.segs = c->dsegs;
+	h.buf = NULL;
+	h.win_k = c->dwin_k;
+	h.win_v = c->dwin_v;
+	h.n_hist = c->n_hist;
+	h.nseg = c->nseg;
+	h.n_blocks = c->n_blocks;
+	h.win_n = c->win_n;
+	return h;
+}
+
+double gu_rel_err(const float *a, const float *b, size_t n)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		double e = (double)a[i] - b[i];
+		if (!isfinite(a[i]))
+			return INFINITY;
+		num += e * e;
+		den += (double)b[i] * b[i];
+	}
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Helpers of the GPU suite: a seeded RNG, bf16 conversion, synthetic K/V
+ * with a real eigen-spread, and a packed context (segments encoded by the
+ * compression core, uploaded into the device layout of gpu/gpu.cuh).
+ * Every test calls GU_NEED_GPU() first, in its body: Criterion forks per
+ * test, and CUDA must not be touched in the parent or a constructor.
+ */
+#ifndef MKV_TESTS_GPU_UTIL_H
+#define MKV_TESTS_GPU_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <mosaickv.h>
+#include "gpu.cuh"
+
+#define GU_NEED_GPU()                                                      \
+	do {                                                               \
+		int ok_ = gpu_device_ok();                                 \
+		if (ok_ <= 0)                                              \
+			cr_skip_test("no usable CUDA device (%d)", ok_);   \
+	} while (0)
+
+#define GU_CK(call)                                                         \
+	do {                                                                \
+		cudaError_t e_ = (call);                                    \
+		cr_assert_eq(e_, cudaSuccess, "%s: %s", #call,              \
+			     cudaGetErrorString(e_));                       \
+	} while (0)
+
+struct gu_rng {
+	uint64_t s[4];
+};
+uint64_t gu_seed(void);
+void gu_rng_init(struct gu_rng *g, uint64_t seed);
+double gu_uniform(struct gu_rng *g);
+double gu_normal(struct gu_rng *g);
+uint32_t gu_below(struct gu_rng *g, uint32_t n);
+
+uint16_t gu_bf16(float f);
+float gu_f32(uint16_t h);
+
+/* n × d keys or values: per-channel scales decaying over channels, an
+ * offset, Gaussian noise, rounded to bf16 (into @out). */
+void gu_fill_kv(struct gu_rng *g, uint16_t *out, size_t n, uint32_t d);
+
+/* A device allocation (cudaMalloc) of @bytes, asserted. */
+void *gu_dev(size_t bytes);
+void *gu_upload(const void *h, size_t bytes);
+
+/* One packed context (a KV head): nseg segment pairs plus a window. */
+struct gu_ctx {
+	uint32_t d, nseg, win_n;
+	size_t ntot, n_hist;
+	uint16_t *k, *v;  /* ntot × d bf16, history first, window last */
+	struct mkv_segment *ks[16], *vs[16];
+	size_t lens[16];
+	void *dev[16];      /* device storage of each segment */
+	struct gpu_seg segs[16];
+	struct gpu_seg *dsegs; /* device array */
+	uint16_t *dwin_k, *dwin_v;
+	uint32_t n_blocks;
+};
+
+/* Encode (mkv_segment_encode with @o, kind set here) and upload. */
+void gu_ctx_build(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
+		  const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o);
+void gu_ctx_free(struct gu_ctx *c);
+/* gpu_head for the context (device pointers inside). */
+struct gpu_head gu_ctx_head(const struct gu_ctx *c);
+
+/* ‖a − b‖ / ‖b‖ */
+double gu_rel_err(const float *a, const float *b, size_t n);
+
+#endif

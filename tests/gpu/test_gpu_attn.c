@@ -1,0 +1,511 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * GPU block scoring, selection, PackedAttention, dense flash-decoding and
+ * Quest against the compression core's CPU references (mkv_score_blocks,
+ * mkv_select_blocks, mkv_attend_packed, mkv_attend_dense,
+ * mkv_attend_quest), on fresh random inputs every run (the seed is printed
+ * on failure).  Skips without a usable GPU.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
+
+#define MAXH 4
+
+static uint32_t g_flags; /* GPU_ATTN_* for the packed tests */
+
+struct run {
+	uint32_t H, nq, d;
+	double frac;
+	float *q;   /* H × nq × d host */
+	float *out; /* H × nq × d host (GPU result) */
+	struct gpu_attn_args a;
+	void *dq, *dout, *ws, *dheads;
+};
+
+static void run_init(struct run *r, struct gu_rng *g, uint32_t H, uint32_t nq, uint32_t d,
+		     double frac)
+{
+	memset(r, 0, sizeof *r);
+	r->H = H;
+	r->nq = nq;
+	r->d = d;
+	r->frac = frac;
+	size_t n = (size_t)H * nq * d;
+	r->q = malloc(n * sizeof(float));
+	r->out = malloc(n * sizeof(float));
+	for (size_t i = 0; i < n; i++)
+		r->q[i] = (float)(1.5 * gu_normal(g));
+	r->dq = gu_upload(r->q, n * sizeof(float));
+	r->dout = gu_dev(n * sizeof(float));
+	/* poison: every output element must be written */
+	GU_CK(cudaMemset(r->dout, 0xff, n * sizeof(float)));
+}
+
+static void run_args(struct run *r, uint32_t max_segs, uint32_t max_blocks, uint32_t max_win,
+		     uint32_t quest_b)
+{
+	struct gpu_attn_args *a = &r->a;
+	memset(a, 0, sizeof *a);
+	a->n_heads = r->H;
+	a->nq = r->nq;
+	a->d = r->d;
+	a->token_frac = r->frac;
+	a->max_segs = max_segs;
+	a->max_blocks = max_blocks;
+	a->max_win = max_win;
+	a->quest_b = quest_b;
+	a->q = r->dq;
+	a->out = r->dout;
+	a->flags = g_flags;
+	a->ws_bytes = gpu_attn_ws_bytes(a);
+	r->ws = gu_dev(a->ws_bytes);
+	GU_CK(cudaMemset(r->ws, 0xff, a->ws_bytes)); /* poison */
+	a->ws = r->ws;
+	cr_assert_eq(gpu_attn_ws_init(a, 0), 0);
+}
+
+static void run_fetch(struct run *r)
+{
+	GU_CK(cudaDeviceSynchronize());
+	GU_CK(cudaMemcpy(r->out, r->dout, (size_t)r->H * r->nq * r->d * sizeof(float),
+			 cudaMemcpyDeviceToHost));
+}
+
+static void run_free(struct run *r)
+{
+	free(r->q);
+	free(r->out);
+	cudaFree(r->dq);
+	cudaFree(r->dout);
+	cudaFree(r->ws);
+	cudaFree(r->dheads);
+}
+
+static void attn_opts(struct mkv_attn_opts *o, uint32_t d, uint32_t nq, double frac)
+{
+	cr_assert_eq(mkv_attn_opts_init(o, sizeof *o), 0);
+	o->d = d;
+	o->n_q = nq;
+	o->token_frac = frac;
+}
+
+static void enc_opts(struct mkv_encode_opts *o, uint32_t d, uint32_t r, uint32_t g,
+		     uint32_t b, uint32_t drop)
+{
+	cr_assert_eq(mkv_encode_opts_init(o, sizeof *o), 0);
+	o->d = d;
+	o->r = r;
+	o->g = g;
+	o->b = b;
+	o->drop = drop;
+	o->store_dtype = MKV_DTYPE_BF16;
+}
+
+/* Random segment lengths, some not multiples of b, one short. */
+static uint32_t rand_lens(struct gu_rng *g, size_t *lens, uint32_t nseg, size_t base)
+{
+	for (uint32_t s = 0; s < nseg; s++)
+		lens[s] = s == 1 ? 1 + gu_below(g, 40) : base + gu_below(g, (uint32_t)base);
+	return nseg;
+}
+
+static void build_ctxs(struct gu_ctx *c, uint32_t H, struct gu_rng *g, uint32_t d,
+		       uint32_t nseg, size_t base, uint32_t win, const struct mkv_encode_opts *o,
+		       uint32_t *max_blocks)
+{
+	*max_blocks = 0;
+	for (uint32_t h = 0; h < H; h++) {
+		size_t lens[16];
+		rand_lens(g, lens, nseg, base);
+		gu_ctx_build(&c[h], g, d, nseg, lens, win ? win - h : 0, o);
+		if (c[h].n_blocks > *max_blocks)
+			*max_blocks = c[h].n_blocks;
+	}
+}
+
+static void upload_heads(struct run *r, struct gu_ctx *c)
+{
+	struct gpu_head hh[MAXH];
+	for (uint32_t h = 0; h < r->H; h++)
+		hh[h] = gu_ctx_head(&c[h]);
+	r->dheads = gu_upload(hh, sizeof(struct gpu_head) * r->H);
+}
+
+/* PackedAttention at one configuration against mkv_attend_packed. */
+static void check_packed(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, uint32_t b,
+			 double frac, uint32_t win)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t H = 3, nseg = 4, maxb;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, d / 4, g, b, drop);
+	struct gu_ctx c[MAXH];
+	build_ctxs(c, H, &rng, d, nseg, 700, win, &eo, &maxb);
+	struct run r;
+	run_init(&r, &rng, H, nq, d, frac);
+	run_args(&r, nseg, maxb, win, 16);
+	upload_heads(&r, c);
+	int rc = gpu_attend_packed(&r.a, r.dheads, 0);
+	cr_assert_eq(rc, 0, "gpu_attend_packed: %d", rc);
+	run_fetch(&r);
+	struct mkv_attn_opts ao;
+	attn_opts(&ao, d, nq, frac);
+	for (uint32_t h = 0; h < H; h++) {
+		float *ref = malloc(sizeof(float) * nq * d);
+		struct mkv_dense_kv w = {c[h].k + c[h].n_hist * d, c[h].v + c[h].n_hist * d,
+					 MKV_DTYPE_BF16, c[h].win_n};
+		rc = mkv_attend_packed(&ao, r.q + (size_t)h * nq * d,
+				       (const struct mkv_segment *const *)c[h].ks,
+				       (const struct mkv_segment *const *)c[h].vs, nseg, &w, ref, NULL);
+		cr_assert_eq(rc, 0);
+		double e = gu_rel_err(r.out + (size_t)h * nq * d, ref, (size_t)nq * d);
+		cr_assert(e < 2e-3, "seed %llu d=%u nq=%u g=%u drop=%u b=%u frac=%g head %u: rel err %g",
+			  (unsigned long long)seed, d, nq, g, drop, b, frac, h, e);
+		free(ref);
+	}
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
+}
+
+Test(gpu, packed_llama_shape) { check_packed(128, 4, 1, 1, 16, 0.1, 37); }
+Test(gpu, packed_g2_nodrop) { check_packed(128, 4, 2, 0, 16, 0.1, 0); }
+Test(gpu, packed_d64_nq3_b8) { check_packed(64, 3, 1, 0, 8, 0.2, 300); }
+Test(gpu, packed_nq8_b32_g4) { check_packed(128, 8, 4, 1, 32, 0.15, 5); }
+Test(gpu, packed_nq1_b64) { check_packed(128, 1, 1, 0, 64, 0.3, 16); }
+Test(gpu, packed_nq2_full) { check_packed(64, 2, 2, 1, 16, 1.0, 20); }
+/* the first, CUDA-core-only version of the attention kernel */
+Test(gpu, packed_cuda_cores)
+{
+	g_flags = GPU_ATTN_CUDA_CORES;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_cuda_cores_g2_nq8)
+{
+	g_flags = GPU_ATTN_CUDA_CORES;
+	check_packed(128, 8, 2, 0, 32, 0.2, 3);
+}
+
+/* Scores and selection against mkv_score_blocks / mkv_select_blocks. */
+static void check_select(uint32_t d, uint32_t nq, double frac, uint32_t b, size_t base)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t H = 2, nseg = 5, maxb;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, d / 4, 1, b, 1);
+	struct gu_ctx c[MAXH];
+	build_ctxs(c, H, &rng, d, nseg, base, 0, &eo, &maxb);
+	struct run r;
+	run_init(&r, &rng, H, nq, d, frac);
+	run_args(&r, nseg, maxb, 0, 16);
+	upload_heads(&r, c);
+	cr_assert_eq(gpu_score_select(&r.a, r.dheads, 0), 0);
+	GU_CK(cudaDeviceSynchronize());
+	struct mkv_attn_opts ao;
+	attn_opts(&ao, d, nq, frac);
+	for (uint32_t h = 0; h < H; h++) {
+		uint32_t nb = c[h].n_blocks;
+		float *gs = malloc(sizeof(float) * nb), *cs = malloc(sizeof(float) * nb);
+		uint32_t *gsel = malloc(4 * nb), cnt[2];
+		struct mkv_block_ref *csel = malloc(sizeof(*csel) * nb);
+		GU_CK(cudaMemcpy(gs, gpu_ws_scores(&r.a, h), 4 * nb, cudaMemcpyDeviceToHost));
+		GU_CK(cudaMemcpy(cnt, gpu_ws_counts(&r.a, h), 8, cudaMemcpyDeviceToHost));
+		cr_assert(cnt[0] >= 1 && cnt[0] <= nb, "nsel %u of %u", cnt[0], nb);
+		GU_CK(cudaMemcpy(gsel, gpu_ws_selected(&r.a, h), 4 * cnt[0], cudaMemcpyDeviceToHost));
+		const float *qh = r.q + (size_t)h * nq * d;
+		double mean = 0;
+		for (uint32_t s = 0; s < nseg; s++) {
+			cr_assert_eq(mkv_score_blocks(&ao, qh, c[h].ks[s], cs + c[h].segs[s].block0), 0);
+		}
+		for (uint32_t j = 0; j < nb; j++)
+			mean += fabs(cs[j]) / nb;
+		for (uint32_t j = 0; j < nb; j++)
+			cr_assert(fabsf(gs[j] - cs[j]) <= 1e-5 * (fabs(cs[j]) + mean),
+				  "seed %llu head %u block %u: gpu %.9g cpu %.9g",
+				  (unsigned long long)seed, h, j, gs[j], cs[j]);
+		int64_t ns = mkv_select_blocks(&ao, qh, (const struct mkv_segment *const *)c[h].ks,
+					       nseg, csel, nb);
+		cr_assert(ns >= 1);
+		/* Sets must agree except between blocks whose scores are within
+		 * rounding of the cut-off. */
+		uint8_t *in_g = calloc(nb, 1), *in_c = calloc(nb, 1);
+		for (uint32_t i = 0; i < cnt[0]; i++) {
+			cr_assert(gsel[i] < nb);
+			if (i)
+				cr_assert(gsel[i] > gsel[i - 1], "selection not ordered");
+			in_g[gsel[i]] = 1;
+		}
+		for (int64_t i = 0; i < ns; i++)
+			in_c[c[h].segs[csel[i].seg].block0 + csel[i].block] = 1;
+		cr_assert(in_g[0], "sink not selected");
+		float cut = INFINITY;
+		for (uint32_t j = 1; j < nb; j++)
+			if (in_c[j] && cs[j] < cut)
+				cut = cs[j];
+		uint32_t ndiff = 0;
+		for (uint32_t j = 0; j < nb; j++)
+			if (in_g[j] != in_c[j]) {
+				ndiff++;
+				cr_assert(fabsf(cs[j] - cut) <= 1e-5 * (fabs(cut) + mean),
+					  "seed %llu head %u: block %u (score %.9g) differs, cut-off %.9g",
+					  (unsigned long long)seed, h, j, cs[j], cut);
+			}
+		cr_assert(ndiff <= 2, "seed %llu: %u blocks differ", (unsigned long long)seed, ndiff);
+		free(gs);
+		free(cs);
+		free(gsel);
+		free(csel);
+		free(in_g);
+		free(in_c);
+	}
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
+}
+
+Test(gpu, select_llama_shape) { check_select(128, 4, 0.1, 16, 3000); }
+Test(gpu, select_many_blocks) { check_select(128, 4, 0.1, 8, 20000); }
+Test(gpu, select_d64_nq2) { check_select(64, 2, 0.37, 16, 900); }
+Test(gpu, select_tiny_budget) { check_select(128, 1, 0.001, 32, 1000); }
+
+/* 65,536 blocks of 16 in one context (1M tokens): synthetic summaries
+ * with uploaded scores checked against a CPU sort. */
+Test(gpu, select_1m_tokens)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const uint32_t nb = 65536, b = 16, S = 32, d = 128, nq = 4, dk = 96;
+	/* one segment of 65,536 tokens can hold 4096 blocks: 16 segments */
+	const uint32_t nseg = 16, bps = nb / nseg;
+	uint16_t *mn = malloc(2 * (size_t)nb * S), *mx = malloc(2 * (size_t)nb * S);
+	for (size_t i = 0; i < (size_t)nb * S; i++) {
+		float a = (float)gu_normal(&rng), z = a + (float)fabs(gu_normal(&rng));
+		mn[i] = gu_bf16(a);
+		mx[i] = gu_bf16(z);
+		if (gu_f32(mx[i]) < gu_f32(mn[i]))
+			mx[i] = mn[i];
+	}
+	uint16_t *rot = calloc((size_t)dk * d, 2);
+	for (uint32_t i = 0; i < dk; i++)
+		rot[(size_t)i * d + i] = gu_bf16(1.0f);
+	void *dmn = gu_upload(mn, 2 * (size_t)nb * S), *dmx = gu_upload(mx, 2 * (size_t)nb * S);
+	void *drot = gu_upload(rot, 2 * (size_t)dk * d);
+	struct gpu_seg segs[16];
+	memset(segs, 0, sizeof segs);
+	for (uint32_t s = 0; s < nseg; s++) {
+		segs[s].k_rot = drot;
+		segs[s].v_rot = drot;
+		segs[s].s_min = (const uint16_t *)dmn + (size_t)s * bps * S;
+		segs[s].s_max = (const uint16_t *)dmx + (size_t)s * bps * S;
+		segs[s].n = bps * b;
+		segs[s].b = b;
+		segs[s].n_blocks = bps;
+		segs[s].S = S;
+		segs[s].k_dk = segs[s].v_dk = dk;
+		segs[s].block0 = s * bps;
+	}
+	struct gpu_head hh;
+	memset(&hh, 0, sizeof hh);
+	hh.segs = gu_upload(segs, sizeof segs);
+	hh.nseg = nseg;
+	hh.n_blocks = nb;
+	hh.n_hist = (uint64_t)nb * b;
+	struct run r;
+	run_init(&r, &rng, 1, nq, d, 0.1);
+	run_args(&r, nseg, nb, 0, 16);
+	r.dheads = gu_upload(&hh, sizeof hh);
+	cr_assert_eq(gpu_score_select(&r.a, r.dheads, 0), 0);
+	GU_CK(cudaDeviceSynchronize());
+	float *gs = malloc(4 * (size_t)nb);
+	uint32_t cnt[2], *gsel = malloc(4 * (size_t)nb);
+	GU_CK(cudaMemcpy(gs, gpu_ws_scores(&r.a, 0), 4 * (size_t)nb, cudaMemcpyDeviceToHost));
+	GU_CK(cudaMemcpy(cnt, gpu_ws_counts(&r.a, 0), 8, cudaMemcpyDeviceToHost));
+	GU_CK(cudaMemcpy(gsel, gpu_ws_selected(&r.a, 0), 4 * (size_t)cnt[0], cudaMemcpyDeviceToHost));
+	/* identity rotation: q' = first dk channels of q; CPU scores in the
+	 * reference's order, then the selection rule on the GPU's own scores */
+	uint32_t budget = (uint32_t)ceil(0.1 * nb * b), want = (budget - b + b - 1) / b + 1;
+	cr_assert_eq(cnt[0], want, "seed %llu: %u selected, want %u", (unsigned long long)seed,
+		     cnt[0], want);
+	for (uint32_t j = 0; j < nb; j++) {
+		float best = -INFINITY;
+		for (uint32_t h = 0; h < nq; h++) {
+			float s = 0.0f, qv;
+			for (uint32_t ch = 0; ch < S; ch++) {
+				qv = r.q[h * d + ch];
+				float a = qv * gu_f32(mn[(size_t)j * S + ch]);
+				float z = qv * gu_f32(mx[(size_t)j * S + ch]);
+				s += a > z ? a : z;
+			}
+			best = s > best ? s : best;
+		}
+		cr_assert(fabsf(best - gs[j]) <= 1e-5f * (fabsf(best) + 1.0f), "block %u: %g vs %g", j,
+			  gs[j], best);
+	}
+	/* every non-selected block scores <= every selected one (ties by index) */
+	uint8_t *in = calloc(nb, 1);
+	for (uint32_t i = 0; i < cnt[0]; i++)
+		in[gsel[i]] = 1;
+	float minsel = INFINITY, maxun = -INFINITY;
+	for (uint32_t j = 1; j < nb; j++) {
+		if (in[j] && gs[j] < minsel)
+			minsel = gs[j];
+		if (!in[j] && gs[j] > maxun)
+			maxun = gs[j];
+	}
+	cr_assert(in[0] && maxun <= minsel, "seed %llu: unselected %g > selected %g",
+		  (unsigned long long)seed, maxun, minsel);
+	free(in);
+	free(gs);
+	free(gsel);
+	free(mn);
+	free(mx);
+	free(rot);
+	cudaFree(dmn);
+	cudaFree(dmx);
+	cudaFree(drot);
+	cudaFree((void *)hh.segs);
+	run_free(&r);
+}
+
+/* With every block selected and r = d (no drop), PackedAttention equals
+ * dense attention over the original tokens. */
+Test(gpu, packed_lossless_equals_dense)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t d = 128, nq = 4, H = 2, nseg = 3, maxb;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, d, 1, 16, 0);
+	struct gu_ctx c[MAXH];
+	build_ctxs(c, H, &rng, d, nseg, 500, 29, &eo, &maxb);
+	struct run r;
+	run_init(&r, &rng, H, nq, d, 1.0);
+	run_args(&r, nseg, maxb, 29, 16);
+	upload_heads(&r, c);
+	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+	run_fetch(&r);
+	struct mkv_attn_opts ao;
+	attn_opts(&ao, d, nq, 1.0);
+	for (uint32_t h = 0; h < H; h++) {
+		float ref[4 * 128];
+		struct mkv_dense_kv all = {c[h].k, c[h].v, MKV_DTYPE_BF16, c[h].ntot};
+		cr_assert_eq(mkv_attend_dense(&ao, r.q + (size_t)h * nq * d, &all, ref), 0);
+		double e = gu_rel_err(r.out + (size_t)h * nq * d, ref, (size_t)nq * d);
+		/* bf16 rotation and rotated values: a few bf16 ulps */
+		cr_assert(e < 2e-3, "seed %llu head %u: rel err %g", (unsigned long long)seed, h, e);
+	}
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
+}
+
+/* Dense and Quest baselines. */
+static void check_dense(int quest, uint32_t d, uint32_t nq, uint32_t qb, double frac)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t H = 3;
+	size_t n[3] = {5000 + gu_below(&rng, 3000), 1 + gu_below(&rng, 50), 1030};
+	uint32_t win[3] = {17, 0, 300};
+	uint16_t *k[3], *v[3];
+	struct gpu_dense_head hh[3];
+	void *dptr[3][6];
+	size_t maxn = 0;
+	memset(hh, 0, sizeof hh);
+	memset(dptr, 0, sizeof dptr);
+	for (uint32_t h = 0; h < H; h++) {
+		size_t tot = n[h] + win[h];
+		k[h] = malloc(tot * d * 2);
+		v[h] = malloc(tot * d * 2);
+		gu_fill_kv(&rng, k[h], tot, d);
+		gu_fill_kv(&rng, v[h], tot, d);
+		dptr[h][0] = gu_upload(k[h], n[h] * d * 2);
+		dptr[h][1] = gu_upload(v[h], n[h] * d * 2);
+		size_t nb = (n[h] + qb - 1) / qb;
+		dptr[h][2] = gu_dev(nb * d * 2);
+		dptr[h][3] = gu_dev(nb * d * 2);
+		cr_assert_eq(gpu_quest_bounds(dptr[h][0], n[h], d, qb, dptr[h][2], dptr[h][3], 0), 0);
+		if (win[h]) {
+			dptr[h][4] = gu_upload(k[h] + n[h] * d, (size_t)win[h] * d * 2);
+			dptr[h][5] = gu_upload(v[h] + n[h] * d, (size_t)win[h] * d * 2);
+		}
+		hh[h].k = dptr[h][0];
+		hh[h].v = dptr[h][1];
+		hh[h].q_min = dptr[h][2];
+		hh[h].q_max = dptr[h][3];
+		hh[h].win_k = dptr[h][4];
+		hh[h].win_v = dptr[h][5];
+		hh[h].n = n[h];
+		hh[h].win_n = win[h];
+		if (n[h] > maxn)
+			maxn = n[h];
+	}
+	struct run r;
+	run_init(&r, &rng, H, nq, d, frac);
+	run_args(&r, 1, (uint32_t)((maxn + qb - 1) / qb), 300, qb);
+	r.dheads = gu_upload(hh, sizeof hh);
+	int rc = quest ? gpu_attend_quest(&r.a, r.dheads, 0) : gpu_attend_dense(&r.a, r.dheads, 0);
+	cr_assert_eq(rc, 0);
+	run_fetch(&r);
+	struct mkv_attn_opts ao;
+	attn_opts(&ao, d, nq, frac);
+	ao.quest_b = qb;
+	for (uint32_t h = 0; h < H; h++) {
+		float *ref = malloc(sizeof(float) * nq * d);
+		if (quest) {
+			struct mkv_dense_kv hist = {k[h], v[h], MKV_DTYPE_BF16, n[h]};
+			struct mkv_dense_kv w = {k[h] + n[h] * d, v[h] + n[h] * d, MKV_DTYPE_BF16, win[h]};
+			cr_assert_eq(mkv_attend_quest(&ao, r.q + (size_t)h * nq * d, &hist, &w, ref, NULL), 0);
+		} else {
+			struct mkv_dense_kv all = {k[h], v[h], MKV_DTYPE_BF16, n[h] + win[h]};
+			cr_assert_eq(mkv_attend_dense(&ao, r.q + (size_t)h * nq * d, &all, ref), 0);
+		}
+		double e = gu_rel_err(r.out + (size_t)h * nq * d, ref, (size_t)nq * d);
+		cr_assert(e < 2e-3, "seed %llu %s head %u: rel err %g", (unsigned long long)seed,
+			  quest ? "quest" : "dense", h, e);
+		free(ref);
+		free(k[h]);
+		free(v[h]);
+		for (int i = 0; i < 6; i++)
+			cudaFree(dptr[h][i]);
+	}
+	run_free(&r);
+}
+
+Test(gpu, dense_llama_shape) { check_dense(0, 128, 4, 16, 1.0); }
+Test(gpu, dense_d64_nq3) { check_dense(0, 64, 3, 16, 1.0); }
+Test(gpu, quest_llama_shape) { check_dense(1, 128, 4, 16, 0.1); }
+Test(gpu, quest_d64_b32_nq8) { check_dense(1, 64, 8, 32, 0.2); }
+Test(gpu, quest_b8_nq1) { check_dense(1, 128, 1, 8, 0.05); }
+
+Test(gpu, bad_arguments)
+{
+	GU_NEED_GPU();
+	struct gpu_attn_args a;
+	memset(&a, 0, sizeof a);
+	cr_assert_eq(gpu_attend_packed(&a, NULL, 0), -EINVAL);
+	cr_assert_eq(gpu_attend_dense(NULL, NULL, 0), -EINVAL);
+	a.n_heads = 1;
+	a.nq = 5; /* unsupported group size */
+	a.d = 128;
+	a.token_frac = 0.1;
+	cr_assert_eq(gpu_attend_quest(&a, (void *)1, 0), -EINVAL);
+}

@@ -1,0 +1,447 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * GPU compression against mkv_segment_encode: the update-buffer append
+ * (rotate with the current segment's rotation, per-vector top-r, pack,
+ * extend summaries; two appends so that a block is completed across
+ * calls), attention over a buffer with no gap, and prefill encoding
+ * (cuBLAS covariance, cuSOLVER eigenvectors, packing).  Fresh random
+ * inputs every run; skips without a usable GPU.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
+
+static void enc_opts(struct mkv_encode_opts *o, uint32_t d, uint32_t r, uint32_t g,
+		     uint32_t b, uint32_t drop)
+{
+	cr_assert_eq(mkv_encode_opts_init(o, sizeof *o), 0);
+	o->d = d;
+	o->r = r;
+	o->g = g;
+	o->b = b;
+	o->drop = drop;
+	o->store_dtype = MKV_DTYPE_BF16;
+}
+
+static void *fetch(const void *dev, size_t bytes)
+{
+	void *h = malloc(bytes ? bytes : 1);
+	cr_assert(h);
+	GU_CK(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
+	return h;
+}
+
+static bool close_ulp(float a, float b)
+{
+	return fabsf(a - b) <= 0x1p-7f * fabsf(b) + 1e-6f;
+}
+
+/*
+ * Compare one packed half on the device (values n × rs, bitmaps n × bw
+ * words, summaries nb × S or none) with the CPU's view.  Vectors whose
+ * top-r set differs (near-ties under a different summation order) are
+ * counted, and must be rare; the rest must agree within one bf16 ulp.
+ */
+static void compare_half(const char *what, uint64_t seed, const struct mkv_packed_view *cv,
+			 const uint16_t *dval, const uint32_t *dbm, uint32_t rs, uint32_t bw,
+			 const uint16_t *dmin, const uint16_t *dmax)
+{
+	size_t n = cv->n;
+	uint16_t *val = fetch(dval, n * rs * 2);
+	uint32_t *bm = fetch(dbm, n * bw * 4);
+	const uint16_t *cval = cv->values;
+	size_t diff = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint8_t g8[16] = {0};
+		memcpy(g8, bm + i * bw, bw * 4);
+		if (memcmp(g8, cv->bitmaps + i * cv->bitmap_bytes, cv->bitmap_bytes)) {
+			diff++;
+			continue;
+		}
+		for (uint32_t k = 0; k < cv->r; k++)
+			cr_assert(close_ulp(gu_f32(val[i * rs + k]), gu_f32(cval[i * cv->r + k])),
+				  "seed %llu %s vector %zu slot %u: gpu %g cpu %g",
+				  (unsigned long long)seed, what, i, k, gu_f32(val[i * rs + k]),
+				  gu_f32(cval[i * cv->r + k]));
+		for (uint32_t k = cv->r; k < rs; k++)
+			cr_assert_eq(val[i * rs + k], 0);
+	}
+	cr_assert(diff <= n / 100 + 1, "seed %llu %s: %zu of %zu bitmaps differ",
+		  (unsigned long long)seed, what, diff, n);
+	if (dmin) {
+		size_t m = (size_t)cv->n_blocks * cv->summary_channels;
+		uint16_t *mn = fetch(dmin, m * 2), *mx = fetch(dmax, m * 2);
+		const uint16_t *cmn = cv->sum_min, *cmx = cv->sum_max;
+		for (size_t i = 0; i < m; i++) {
+			cr_assert(close_ulp(gu_f32(mn[i]), gu_f32(cmn[i])) &&
+					  close_ulp(gu_f32(mx[i]), gu_f32(cmx[i])),
+				  "seed %llu %s summary %zu: gpu [%g, %g] cpu [%g, %g]",
+				  (unsigned long long)seed, what, i, gu_f32(mn[i]), gu_f32(mx[i]),
+				  gu_f32(cmn[i]), gu_f32(cmx[i]));
+			cr_assert(gu_f32(mn[i]) <= gu_f32(mx[i]));
+		}
+		free(mn);
+		free(mx);
+	}
+	free(val);
+	free(bm);
+}
+
+/* A device update buffer of capacity @cap with the rotations of @ks/@vs. */
+struct dbuf {
+	struct gpu_seg seg; /* host copy of the descriptor */
+	struct gpu_seg *dseg;
+	uint32_t *dcap;
+	void *mem[7];
+};
+
+static void dbuf_init(struct dbuf *b, const struct mkv_segment *ks,
+		      const struct mkv_segment *vs, uint32_t cap)
+{
+	struct mkv_packed_view kv, vv;
+	cr_assert_eq(mkv_segment_view(ks, &kv), 0);
+	cr_assert_eq(mkv_segment_view(vs, &vv), 0);
+	memset(b, 0, sizeof *b);
+	struct gpu_seg *s = &b->seg;
+	s->k_rs = (kv.r + 7) & ~7u;
+	s->v_rs = (vv.r + 7) & ~7u;
+	s->k_bw = (kv.bitmap_bytes + 3) / 4;
+	s->v_bw = (vv.bitmap_bytes + 3) / 4;
+	uint32_t nb = (cap + kv.b - 1) / kv.b;
+	b->mem[0] = gu_dev((size_t)cap * s->k_rs * 2);
+	b->mem[1] = gu_dev((size_t)cap * s->k_bw * 4);
+	b->mem[2] = gu_upload(kv.rotation, (size_t)kv.d_keep * kv.d * 2);
+	b->mem[3] = gu_dev((size_t)nb * kv.summary_channels * 2);
+	b->mem[4] = gu_dev((size_t)nb * kv.summary_channels * 2);
+	b->mem[5] = gu_dev((size_t)cap * s->v_rs * 2);
+	b->mem[6] = gu_dev((size_t)cap * s->v_bw * 4);
+	s->k_val = b->mem[0];
+	s->k_bm = b->mem[1];
+	s->k_rot = b->mem[2];
+	s->s_min = b->mem[3];
+	s->s_max = b->mem[4];
+	s->v_val = b->mem[5];
+	s->v_bm = b->mem[6];
+	s->v_rot = gu_upload(vv.rotation, (size_t)vv.d_keep * vv.d * 2);
+	s->n = 0;
+	s->b = kv.b;
+	s->n_blocks = 0;
+	s->S = kv.summary_channels;
+	s->k_dk = kv.d_keep;
+	s->k_r = kv.r;
+	s->k_g = kv.g;
+	s->v_dk = vv.d_keep;
+	s->v_r = vv.r;
+	s->v_g = vv.g;
+	b->dseg = gu_upload(s, sizeof *s);
+	b->dcap = gu_upload(&cap, 4);
+}
+
+static void dbuf_free(struct dbuf *b)
+{
+	for (int i = 0; i < 7; i++)
+		cudaFree(b->mem[i]);
+	cudaFree((void *)b->seg.v_rot);
+	cudaFree(b->dseg);
+	cudaFree(b->dcap);
+}
+
+/* Append @n tokens (K and V, bf16 host) to one buffer. */
+static void append(struct dbuf *b, const uint16_t *k, const uint16_t *v, uint32_t n, uint32_t d,
+		   uint32_t *overflow_dev)
+{
+	struct gpu_append_args a;
+	memset(&a, 0, sizeof a);
+	a.n_buf = 1;
+	a.n_new = n;
+	a.d = d;
+	a.bufs = b->dseg;
+	a.cap = b->dcap;
+	a.k_new = gu_upload(k, (size_t)n * d * 2);
+	a.v_new = gu_upload(v, (size_t)n * d * 2);
+	a.overflow = overflow_dev;
+	a.ws_bytes = gpu_append_ws_bytes(1, n);
+	a.ws = gu_dev(a.ws_bytes);
+	cr_assert_eq(gpu_append(&a, 0), 0);
+	GU_CK(cudaDeviceSynchronize());
+	cudaFree((void *)a.k_new);
+	cudaFree((void *)a.v_new);
+	cudaFree(a.ws);
+}
+
+/* CPU reference of a buffer: the same tokens encoded with the rotation of
+ * @ks / @vs. */
+static void ref_encode(const struct mkv_segment *rs, enum mkv_kind kind, const uint16_t *x,
+		       uint32_t n, struct mkv_segment **out)
+{
+	struct mkv_packed_view v;
+	cr_assert_eq(mkv_segment_view(rs, &v), 0);
+	float *R = malloc(sizeof(float) * v.d_keep * v.d);
+	cr_assert_eq(mkv_segment_rotation(rs, R), 0);
+	struct mkv_encode_opts o;
+	enc_opts(&o, v.d, v.r, v.g, v.b, v.d_keep != v.d);
+	o.kind = kind;
+	o.summary_channels = kind == MKV_KIND_KEY ? v.summary_channels : 0;
+	o.rotation = R;
+	int rc = mkv_segment_encode(&o, x, MKV_DTYPE_BF16, n, out);
+	cr_assert_eq(rc, 0, "%s", mkv_strerror(rc));
+	free(R);
+}
+
+static void check_append(uint32_t d, uint32_t r, uint32_t g, uint32_t b, uint32_t drop)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, r, g, b, drop);
+	struct gu_ctx c;
+	size_t len = 2000;
+	gu_ctx_build(&c, &rng, d, 1, &len, 0, &eo);
+	uint32_t n1 = 37, n2 = 64, n = n1 + n2, cap = 128;
+	uint16_t *k = malloc((size_t)(n + 10) * d * 2), *v = malloc((size_t)(n + 10) * d * 2);
+	gu_fill_kv(&rng, k, n + 10, d);
+	gu_fill_kv(&rng, v, n + 10, d);
+	struct dbuf buf;
+	dbuf_init(&buf, c.ks[0], c.vs[0], cap);
+	uint32_t *ovf = gu_dev(4);
+	GU_CK(cudaMemset(ovf, 0, 4));
+	append(&buf, k, v, n1, d, ovf);
+	append(&buf, k + (size_t)n1 * d, v + (size_t)n1 * d, n2, d, ovf);
+	struct gpu_seg now;
+	GU_CK(cudaMemcpy(&now, buf.dseg, sizeof now, cudaMemcpyDeviceToHost));
+	cr_assert_eq(now.n, n);
+	cr_assert_eq(now.n_blocks, (n + b - 1) / b);
+	uint32_t o = 1;
+	GU_CK(cudaMemcpy(&o, ovf, 4, cudaMemcpyDeviceToHost));
+	cr_assert_eq(o, 0);
+	struct mkv_segment *rk, *rv;
+	ref_encode(c.ks[0], MKV_KIND_KEY, k, n, &rk);
+	ref_encode(c.vs[0], MKV_KIND_VALUE, v, n, &rv);
+	struct mkv_packed_view kv, vv;
+	mkv_segment_view(rk, &kv);
+	mkv_segment_view(rv, &vv);
+	compare_half("append K", seed, &kv, buf.seg.k_val, buf.seg.k_bm, buf.seg.k_rs,
+		     buf.seg.k_bw, buf.seg.s_min, buf.seg.s_max);
+	compare_half("append V", seed, &vv, buf.seg.v_val, buf.seg.v_bm, buf.seg.v_rs,
+		     buf.seg.v_bw, NULL, NULL);
+	/* overflow: 30 more than the 27 free slots */
+	append(&buf, k, v, 30, d, ovf);
+	GU_CK(cudaMemcpy(&o, ovf, 4, cudaMemcpyDeviceToHost));
+	GU_CK(cudaMemcpy(&now, buf.dseg, sizeof now, cudaMemcpyDeviceToHost));
+	cr_assert_eq(o, 1);
+	cr_assert_eq(now.n, cap);
+	mkv_segment_destroy(rk);
+	mkv_segment_destroy(rv);
+	cudaFree(ovf);
+	dbuf_free(&buf);
+	gu_ctx_free(&c);
+	free(k);
+	free(v);
+}
+
+Test(gpu, append_llama_shape) { check_append(128, 32, 1, 16, 1); }
+Test(gpu, append_g2_nodrop_b8) { check_append(128, 32, 2, 8, 0); }
+Test(gpu, append_d64_g4_r24_b32) { check_append(64, 24, 4, 32, 1); }
+
+/* History segments + an update buffer + a dense window: the buffer is
+ * attended in full, no token is lost between them. */
+Test(gpu, attention_covers_buffer)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t d = 128, nq = 4, nseg = 3, win = 11, nbuf = 77, cap = 256;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, 16, 1);
+	struct gu_ctx c;
+	size_t lens[3] = {900, 17, 1333};
+	gu_ctx_build(&c, &rng, d, nseg, lens, win, &eo);
+	uint16_t *bk = malloc((size_t)nbuf * d * 2), *bv = malloc((size_t)nbuf * d * 2);
+	gu_fill_kv(&rng, bk, nbuf, d);
+	gu_fill_kv(&rng, bv, nbuf, d);
+	struct dbuf buf;
+	dbuf_init(&buf, c.ks[nseg - 1], c.vs[nseg - 1], cap);
+	append(&buf, bk, bv, nbuf, d, NULL);
+
+	struct gpu_head hh = gu_ctx_head(&c);
+	hh.buf = buf.dseg;
+	hh.buf_cap_blocks = (cap + 15) / 16;
+	float q[4 * 128], out[4 * 128];
+	for (uint32_t i = 0; i < nq * d; i++)
+		q[i] = (float)(1.5 * gu_normal(&rng));
+	struct gpu_attn_args a;
+	memset(&a, 0, sizeof a);
+	a.n_heads = 1;
+	a.nq = nq;
+	a.d = d;
+	a.token_frac = 0.1;
+	a.max_segs = nseg;
+	a.max_blocks = c.n_blocks;
+	a.max_buf_blocks = hh.buf_cap_blocks;
+	a.max_win = win;
+	a.quest_b = 16;
+	a.q = gu_upload(q, sizeof q);
+	a.out = gu_dev(sizeof out);
+	a.ws_bytes = gpu_attn_ws_bytes(&a);
+	a.ws = gu_dev(a.ws_bytes);
+	cr_assert_eq(gpu_attn_ws_init(&a, 0), 0);
+	void *dh = gu_upload(&hh, sizeof hh);
+	cr_assert_eq(gpu_attend_packed(&a, dh, 0), 0);
+	GU_CK(cudaDeviceSynchronize());
+	GU_CK(cudaMemcpy(out, a.out, sizeof out, cudaMemcpyDeviceToHost));
+
+	/* reference: the buffer's tokens as the CPU encodes them with the same
+	 * rotation, decoded to the original space, joined to the window */
+	struct mkv_segment *rk, *rv;
+	ref_encode(c.ks[nseg - 1], MKV_KIND_KEY, bk, nbuf, &rk);
+	ref_encode(c.vs[nseg - 1], MKV_KIND_VALUE, bv, nbuf, &rv);
+	size_t nw = nbuf + win;
+	float *wk = malloc(nw * d * 4), *wv = malloc(nw * d * 4);
+	cr_assert_eq(mkv_segment_decode(rk, 0, nbuf, MKV_SPACE_ORIGINAL, wk), 0);
+	cr_assert_eq(mkv_segment_decode(rv, 0, nbuf, MKV_SPACE_ORIGINAL, wv), 0);
+	for (size_t i = 0; i < (size_t)win * d; i++) {
+		wk[nbuf * d + i] = gu_f32(c.k[c.n_hist * d + i]);
+		wv[nbuf * d + i] = gu_f32(c.v[c.n_hist * d + i]);
+	}
+	struct mkv_dense_kv w = {wk, wv, MKV_DTYPE_F32, nw};
+	struct mkv_attn_opts ao;
+	cr_assert_eq(mkv_attn_opts_init(&ao, sizeof ao), 0);
+	ao.d = d;
+	ao.n_q = nq;
+	ao.token_frac = 0.1;
+	float ref[4 * 128];
+	cr_assert_eq(mkv_attend_packed(&ao, q, (const struct mkv_segment *const *)c.ks,
+				       (const struct mkv_segment *const *)c.vs, nseg, &w, ref, NULL),
+		     0);
+	double e = gu_rel_err(out, ref, (size_t)nq * d);
+	cr_assert(e < 2e-3, "seed %llu: rel err %g", (unsigned long long)seed, e);
+	mkv_segment_destroy(rk);
+	mkv_segment_destroy(rv);
+	free(wk);
+	free(wv);
+	free(bk);
+	free(bv);
+	cudaFree((void *)a.q);
+	cudaFree(a.out);
+	cudaFree(a.ws);
+	cudaFree(dh);
+	dbuf_free(&buf);
+	gu_ctx_free(&c);
+}
+
+/* Prefill encoding: covariance + cuSOLVER eigenvectors + packing. */
+Test(gpu, encode_prefill)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const uint32_t d = 128, nmat = 4, n = 3000, r = 32, b = 16, S = 32, dk = 96;
+	uint16_t *x = malloc((size_t)nmat * n * d * 2);
+	gu_fill_kv(&rng, x, (size_t)nmat * n, d);
+	void *dx = gu_upload(x, (size_t)nmat * n * d * 2);
+	struct gpu_encoder *enc;
+	cr_assert_eq(gpu_encoder_create(d, nmat, &enc), 0);
+	float *dcov = gu_dev((size_t)nmat * d * d * 4), *dR = gu_dev((size_t)nmat * d * d * 4);
+	cr_assert_eq(gpu_encode_cov(enc, dx, nmat, n, dcov, 0), 0);
+	float *cov = fetch(dcov, (size_t)nmat * d * d * 4);
+	cr_assert_eq(gpu_encode_eig(enc, dcov, nmat, dR, 0), 0);
+	GU_CK(cudaDeviceSynchronize());
+	float *R = fetch(dR, (size_t)nmat * d * d * 4);
+	for (uint32_t m = 0; m < nmat; m++) {
+		/* covariance against double */
+		const uint16_t *xm = x + (size_t)m * n * d;
+		double maxe = 0, maxc = 0;
+		for (uint32_t i = 0; i < d; i += 7)
+			for (uint32_t j = 0; j < d; j += 5) {
+				double s = 0;
+				for (uint32_t t = 0; t < n; t++)
+					s += (double)gu_f32(xm[(size_t)t * d + i]) * gu_f32(xm[(size_t)t * d + j]);
+				double e = fabs(s - cov[(size_t)m * d * d + (size_t)i * d + j]);
+				maxe = e > maxe ? e : maxe;
+				maxc = fabs(s) > maxc ? fabs(s) : maxc;
+			}
+		cr_assert(maxe <= 1e-4 * maxc, "seed %llu: covariance error %g of %g",
+			  (unsigned long long)seed, maxe, maxc);
+		/* rows orthonormal, Rayleigh quotients descending */
+		const float *Rm = R + (size_t)m * d * d;
+		double prev = INFINITY;
+		for (uint32_t i = 0; i < d; i++) {
+			for (uint32_t j = i; j < d; j += 13) {
+				double s = 0;
+				for (uint32_t c2 = 0; c2 < d; c2++)
+					s += (double)Rm[i * d + c2] * Rm[j * d + c2];
+				cr_assert(fabs(s - (i == j)) < 1e-4, "R row %u·%u = %g", i, j, s);
+			}
+			/* Rayleigh quotient under the covariance: descending */
+			const float *Cm = cov + (size_t)m * d * d;
+			double lam = 0;
+			for (uint32_t j = 0; j < d; j++) {
+				double p = 0;
+				for (uint32_t c2 = 0; c2 < d; c2++)
+					p += (double)Cm[j * d + c2] * Rm[i * d + c2];
+				lam += p * Rm[i * d + j];
+			}
+			cr_assert(lam <= prev * (1 + 1e-4) + 1e-3 * maxc / d,
+				  "seed %llu: eigenvalue %u = %g after %g", (unsigned long long)seed, i,
+				  lam, prev);
+			prev = lam;
+		}
+	}
+	/* pack and compare with the CPU encoding under the same rotations */
+	struct gpu_encode_args ea;
+	memset(&ea, 0, sizeof ea);
+	ea.nmat = nmat;
+	ea.n = n;
+	ea.d = d;
+	ea.r = r;
+	ea.g = 1;
+	ea.b = b;
+	ea.S = S;
+	ea.drop = 1;
+	ea.x = dx;
+	ea.R = dR;
+	ea.dev_bytes = gpu_encode_pack_bytes(&ea);
+	cr_assert(ea.dev_bytes > 0);
+	ea.dev = gu_dev(ea.dev_bytes);
+	struct gpu_seg segs[2];
+	ea.segs = segs;
+	cr_assert_eq(gpu_encode_pack(enc, &ea, 0), 0);
+	GU_CK(cudaDeviceSynchronize());
+	for (uint32_t m = 0; m < nmat; m++) {
+		struct mkv_encode_opts o;
+		enc_opts(&o, d, r, 1, b, 1);
+		o.kind = m % 2 ? MKV_KIND_VALUE : MKV_KIND_KEY;
+		o.summary_channels = m % 2 ? 0 : S;
+		o.rotation = R + (size_t)m * d * d; /* first dk rows */
+		struct mkv_segment *cs;
+		int rc = mkv_segment_encode(&o, x + (size_t)m * n * d, MKV_DTYPE_BF16, n, &cs);
+		cr_assert_eq(rc, 0, "%s", mkv_strerror(rc));
+		struct mkv_packed_view cv;
+		mkv_segment_view(cs, &cv);
+		const struct gpu_seg *sg = &segs[m / 2];
+		cr_assert_eq(sg->k_dk, dk);
+		if (m % 2 == 0)
+			compare_half("encode K", seed, &cv, sg->k_val, sg->k_bm, sg->k_rs, sg->k_bw,
+				     sg->s_min, sg->s_max);
+		else
+			compare_half("encode V", seed, &cv, sg->v_val, sg->v_bm, sg->v_rs, sg->v_bw,
+				     NULL, NULL);
+		mkv_segment_destroy(cs);
+	}
+	gpu_encoder_destroy(enc);
+	cudaFree(dx);
+	cudaFree(dcov);
+	cudaFree(dR);
+	cudaFree(ea.dev);
+	free(x);
+	free(cov);
+	free(R);
+}
