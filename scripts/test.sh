@@ -20,6 +20,7 @@ sh scripts/build.sh build-tsan -Dcuda=disabled -Dbench=false \
 status=0
 meson test -C build --print-errorlogs --num-processes 2 || status=1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+LSAN_OPTIONS=suppressions=$(pwd)/tests/lsan.supp \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-asan --print-errorlogs --num-processes 2 || status=1
 

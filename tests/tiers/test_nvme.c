@@ -331,7 +331,9 @@ Test(nvme, scan_reopen_reports_corrupt_and_incomplete)
 		struct tier_meta m = tu_meta(100 + (uint64_t)i, (uint32_t)i,
 					     p[i], SZ);
 		cr_assert_eq(tier_put(t, NULL, &m, p[i], &o), 0);
-		/* abandoned on purpose: stays on disk */
+		/* abandoned on purpose: the file stays on disk, the handle
+		 * is freed */
+		tier_forget(t, o);
 	}
 	tier_destroy(t);
 	/* An interrupted spill and a corrupted payload byte. */
