@@ -34,10 +34,15 @@
 #include <xxhash.h>
 
 #include "io/uring.h"
+#include "mkv_config.h"
 #include "mosaickv/store_internal.h"
 #include "policy/policy.h"
 #include "tiers/tcuda.h"
 #include "tiers/tier.h"
+
+#if MKV_HAVE_CUDA
+#include "gpu/gather.cuh"
+#endif
 
 #define STORE_MAX_WORKERS 64
 #define LAYOUT_TAG 0x4C590001u /* shape[7]: "LY" v1 */
@@ -715,8 +720,8 @@ static int hot_admit(struct mkv_store *s, struct tier_io *io, struct seg *g,
 
 	pthread_mutex_lock(&s->lock);
 	for (;;) {
-		struct seg *vg;
-		uint32_t vj;
+		struct seg *vg = NULL; /* set with coldest >= 0; gcc 13 cannot see it */
+		uint32_t vj = 0;
 		double coldest = -1;
 
 		if (g->tier == MKV_TIER_HBM || (g->hot && g->hot[j])) {
@@ -1808,6 +1813,11 @@ struct mkv_fetch {
 	size_t cap_soff;
 	void *dev_staging;  /* device, when HBM is on a device */
 	size_t staging_len;
+#if MKV_HAVE_CUDA
+	/* Host-tier blocks gathered by one kernel straight from the mapped
+	 * pinned chunks into dev_staging; NULL: packed into staging + H2D. */
+	struct gpu_gather_ctx *gather;
+#endif
 	struct tier_io io;  /* this context's own ring */
 	struct seg **pinned;
 	size_t n_pinned, cap_pinned;
@@ -1849,6 +1859,21 @@ int mkv_fetch_create(struct mkv_store *s, size_t staging_bytes,
 			mkv_fetch_destroy(f);
 			return rc;
 		}
+#if MKV_HAVE_CUDA
+		/*
+		 * The kernel reads host-tier payloads where they lie, which
+		 * needs them mapped at the same address on the device: true
+		 * when the real host tier pinned them (its staging scratch
+		 * comes from the same registered chunks) on a device with
+		 * unified addressing.  Otherwise, or if the context cannot be
+		 * made, fetches keep the packed path.
+		 */
+		if (f->staging_arena &&
+		    tcuda_host_ptr_usable(s->gpu) &&
+		    tcuda_is_mapped_host(f->staging) &&
+		    gpu_gather_ctx_create(s->gpu, 1024, &f->gather))
+			f->gather = NULL;
+#endif
 	}
 	if (s->tiers[MKV_TIER_NVME]) {
 		/* Its registered area is the bounce of the NVMe gathers: the
@@ -1893,10 +1918,65 @@ void mkv_fetch_destroy(struct mkv_fetch *f)
 	free(f->soff);
 	if (f->dev_staging)
 		tcuda_free(f->s->gpu, f->dev_staging);
+#if MKV_HAVE_CUDA
+	if (f->gather)
+		gpu_gather_ctx_destroy(f->gather);
+#endif
 	uring_engine_destroy(f->io.ring);
 	free(f->pinned);
 	free(f);
 }
+
+#if MKV_HAVE_CUDA
+/*
+ * The host-tier part of a fetch by the gather kernel: the @nr ranges of
+ * @gr read in place from the pinned chunks (mapped: the host address is
+ * the device address) into dev_staging from @base on, back to back as
+ * tier_gatherv() packs them.  Returns 0, or -errno: the caller then packs
+ * them on the CPU instead, and a context whose run failed is dropped for
+ * good (a device error is no reason to retry it on every step).
+ */
+static int fetch_gather_host(struct mkv_fetch *f,
+			     const struct tier_gather_req *gr, unsigned ng,
+			     unsigned nr, uint64_t base, uint64_t bytes)
+{
+	struct tier *t = f->s->tiers[MKV_TIER_HOST];
+	struct gpu_piece *pc;
+	uint64_t pos = base;
+	uint32_t np = 0;
+	int rc;
+
+	if (!f->gather)
+		return -ENOTSUP;
+	pc = gpu_gather_ctx_table(f->gather, nr);
+	if (!pc)
+		return -ENOMEM;
+	for (unsigned i = 0; i < ng; i++) {
+		const char *p = tier_addr(t, gr[i].obj);
+
+		if (!p)
+			return -EINVAL;
+		for (unsigned k = 0; k < gr[i].n; k++) {
+			if (!gr[i].r[k].len)
+				continue;
+			pc[np++] = (struct gpu_piece){ p + gr[i].r[k].off, pos,
+						       gr[i].r[k].len };
+			pos += gr[i].r[k].len;
+		}
+	}
+	if (pos - base != bytes)
+		return -EIO;
+	rc = gpu_gather_ctx_run(f->gather, np, f->dev_staging);
+	if (rc) {
+		gpu_gather_ctx_destroy(f->gather);
+		f->gather = NULL;
+		return rc;
+	}
+	atomic_fetch_add(&t->st.gathers, 1);
+	atomic_fetch_add(&t->st.bytes_out, bytes);
+	return 0;
+}
+#endif
 
 /* Whether tier @t's bytes can be handed out in place by this store. */
 static bool in_place(const struct mkv_store *s, int t)
@@ -2016,11 +2096,14 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	 * the host-tier blocks, then the NVMe blocks, each in request order;
 	 * host blocks are packed with memcpy, NVMe blocks come from one ring
 	 * submission covering every extent of every segment (gatherv).  With
-	 * CUDA, one host-to-device copy of the whole staging follows.
+	 * CUDA, one host-to-device copy of the whole staging follows -- except
+	 * that host blocks go straight to the device staging with one gather
+	 * kernel reading the mapped pinned chunks (fetch_gather_host), the
+	 * packed path remaining the fallback on any error.
 	 * The segments are pinned: their tier and copy cannot change.
 	 */
 	if (staged) {
-		uint64_t base[MKV_TIER_COUNT], pos;
+		uint64_t base[MKV_TIER_COUNT], pos, on_dev = 0;
 
 		base[0] = 0;
 		for (int t = 1; t < MKV_TIER_COUNT; t++)
@@ -2064,6 +2147,16 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 					gr[ng++] = (struct tier_gather_req){
 						g->obj, &rg[r0], nr - r0 };
 			}
+#if MKV_HAVE_CUDA
+			if (t == MKV_TIER_HOST &&
+			    fetch_gather_host(f, gr, ng, nr, base[t],
+					      tier_bytes[t]) == 0) {
+				on_dev = base[t] + tier_bytes[t];
+				free(gr);
+				free(rg);
+				continue;
+			}
+#endif
 			got = tier_gatherv(s->tiers[t], &f->io, gr, ng,
 					   f->staging + base[t]);
 			if (got >= 0 && (uint64_t)got != tier_bytes[t])
@@ -2073,9 +2166,12 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 			free(gr);
 			free(rg);
 		}
-		if (!rc && s->gpu >= 0)
-			rc = tcuda_h2d(s->gpu, f->dev_staging, f->staging,
-				       staged_bytes);
+		/* What the kernel gathered (the host part: HBM blocks are
+		 * never staged, so it comes first) is on the device already. */
+		if (!rc && s->gpu >= 0 && staged_bytes > on_dev)
+			rc = tcuda_h2d(s->gpu, (char *)f->dev_staging + on_dev,
+				       f->staging + on_dev,
+				       staged_bytes - on_dev);
 		if (rc)
 			goto fail;
 		char *sbase = s->gpu >= 0 ? f->dev_staging : f->staging;

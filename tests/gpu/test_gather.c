@@ -1,0 +1,266 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * gpu/gather.cu against its CPU reference (memcpy of each piece) on fresh
+ * random pieces: lengths from 0 bytes to a few hundred KiB, sources and
+ * destinations aligned to 16 or not (and disagreeing modulo 16 or 4),
+ * from mapped pinned host memory and from device memory, through the raw
+ * entry and through a gather context (its table read in place and
+ * uploaded).  Then the store's fetch, whose
+ * host-tier blocks the kernel gathers into the device staging: every
+ * fetched block must hold the bytes that were put.  Skips without a GPU.
+ */
+#include <errno.h>
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
+#include "gpu/gather.cuh"
+
+#define FILL 0xA5
+
+/* Random pieces over a source of @src_len bytes into a destination that
+ * they leave gaps in; returns the count, *@dst_len the bytes needed. */
+static uint32_t random_pieces(struct gu_rng *g, const char *src, size_t src_len,
+			      struct gpu_piece *p, uint32_t max_n, size_t *dst_len)
+{
+	uint64_t pos = gu_below(g, 16);
+	uint32_t n = max_n / 2 + gu_below(g, max_n / 2);
+
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t kind = gu_below(g, 100);
+		uint64_t len, off;
+
+		if (kind < 3)
+			len = 0;
+		else if (kind < 8)
+			len = 65536 + gu_below(g, 300000); /* several spans */
+		else if (kind < 60)
+			len = 16 * (1 + gu_below(g, 128)); /* block-like */
+		else
+			len = 1 + gu_below(g, 3000);
+		if (len > src_len)
+			len = src_len;
+		off = gu_below(g, (uint32_t)(src_len - len + 1));
+		if (kind % 2 == 0)
+			off &= ~(uint64_t)15;
+		if (kind % 3 == 0) /* gap, sometimes misaligning */
+			pos += gu_below(g, 64);
+		else
+			pos = (pos + 15) & ~(uint64_t)15;
+		p[i] = (struct gpu_piece){ src + off, pos, len };
+		pos += len;
+	}
+	*dst_len = pos + 64;
+	return n;
+}
+
+static void check(const char *what, uint64_t seed, const char *dev_dst,
+		  const struct gpu_piece *href, uint32_t n, size_t dst_len)
+{
+	char *want = malloc(dst_len), *got = malloc(dst_len);
+
+	cr_assert(want && got);
+	memset(want, FILL, dst_len);
+	gpu_gather_ref(href, n, want);
+	GU_CK(cudaMemcpy(got, dev_dst, dst_len, cudaMemcpyDeviceToHost));
+	for (size_t i = 0; i < dst_len; i++)
+		if (got[i] != want[i])
+			cr_assert_fail("%s (seed %llx): byte %zu is %02x, want %02x",
+				       what, (unsigned long long)seed, i,
+				       got[i] & 0xff, want[i] & 0xff);
+	free(want);
+	free(got);
+}
+
+static void fill_random(struct gu_rng *g, char *p, size_t len)
+{
+	for (size_t i = 0; i < len; i += 8) {
+		uint64_t v = (uint64_t)(gu_uniform(g) * 0x1p53) ^
+			     ((uint64_t)gu_below(g, 1u << 31) << 33);
+		memcpy(p + i, &v, len - i < 8 ? len - i : 8);
+	}
+}
+
+Test(gather, raw_kernel_from_mapped_host)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng g;
+	gu_rng_init(&g, seed);
+	const size_t src_len = (size_t)8 << 20;
+	char *src;
+	GU_CK(cudaHostAlloc((void **)&src, src_len, cudaHostAllocMapped));
+	fill_random(&g, src, src_len);
+	struct gpu_piece *p = malloc(4096 * sizeof *p);
+	cr_assert(p);
+	size_t dst_len;
+	uint32_t n = random_pieces(&g, src, src_len, p, 4096, &dst_len);
+	uint64_t max_len = 0;
+	for (uint32_t i = 0; i < n; i++)
+		max_len = p[i].len > max_len ? p[i].len : max_len;
+
+	struct gpu_piece *dp = gu_upload(p, n * sizeof *p);
+	char *dst = gu_dev(dst_len);
+	GU_CK(cudaMemset(dst, FILL, dst_len));
+	cr_assert_eq(gpu_gather(dp, n, max_len, dst, NULL), 0);
+	GU_CK(cudaDeviceSynchronize());
+	check("raw, mapped host", seed, dst, p, n, dst_len);
+
+	/* A max_len hint below the longest piece only costs parallelism. */
+	GU_CK(cudaMemset(dst, FILL, dst_len));
+	cr_assert_eq(gpu_gather(dp, n, 16, dst, NULL), 0);
+	GU_CK(cudaDeviceSynchronize());
+	check("raw, short hint", seed, dst, p, n, dst_len);
+
+	cr_assert_eq(gpu_gather(NULL, 3, 16, dst, NULL), -EINVAL);
+	cr_assert_eq(gpu_gather(dp, 0, 0, dst, NULL), 0);
+	cudaFree(dp);
+	cudaFree(dst);
+	cudaFreeHost(src);
+	free(p);
+}
+
+Test(gather, context_from_device_and_host)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng g;
+	gu_rng_init(&g, seed);
+	const size_t src_len = (size_t)4 << 20;
+	char *hsrc = malloc(src_len);
+	cr_assert(hsrc);
+	fill_random(&g, hsrc, src_len);
+	char *dsrc = gu_upload(hsrc, src_len);
+	char *msrc;
+	GU_CK(cudaHostAlloc((void **)&msrc, src_len, cudaHostAllocMapped));
+	memcpy(msrc, hsrc, src_len);
+
+	struct gpu_gather_ctx *c = NULL;
+	cr_assert_eq(gpu_gather_ctx_create(0, 4, &c), 0); /* grows below */
+	for (int round = 0; round < 4; round++) {
+		/* table read in place, then uploaded first, alternately */
+		cr_assert_eq(gpu_gather_ctx_set_upload(c, round % 2), 0);
+		struct gpu_piece *ref = malloc(8192 * sizeof *ref);
+		size_t dst_len;
+		uint32_t n = random_pieces(&g, hsrc, src_len, ref, 8192, &dst_len);
+		struct gpu_piece *t = gpu_gather_ctx_table(c, n);
+		cr_assert(t);
+		for (uint32_t i = 0; i < n; i++) {
+			size_t off = (const char *)ref[i].src - hsrc;
+			/* alternate device and mapped-host sources */
+			t[i] = ref[i];
+			t[i].src = (i % 2 ? dsrc : msrc) + off;
+		}
+		char *dst = gu_dev(dst_len);
+		GU_CK(cudaMemset(dst, FILL, dst_len));
+		cr_assert_eq(gpu_gather_ctx_run(c, n, dst), 0);
+		check("context", seed, dst, ref, n, dst_len);
+		cudaFree(dst);
+		free(ref);
+	}
+	cr_assert_eq(gpu_gather_ctx_run(c, 1u << 30, NULL), -EINVAL);
+	gpu_gather_ctx_destroy(c);
+	gpu_gather_ctx_destroy(NULL);
+	cudaFreeHost(msrc);
+	cudaFree(dsrc);
+	free(hsrc);
+}
+
+/* The store's fetch: host-tier blocks land in the device staging. */
+Test(gather, store_fetch_gathers_host_blocks)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng g;
+	gu_rng_init(&g, seed);
+	struct mkv_store_opts o;
+	struct mkv_store *s = NULL;
+	cr_assert_eq(mkv_store_opts_init(&o, sizeof o), 0);
+	o.gpu = 0;
+	o.hbm_bytes = 64 << 10; /* the segments do not fit: host tier */
+	o.host_bytes = 64 << 20;
+	o.auto_balance = 0;
+	cr_assert_eq(mkv_store_create(&o, &s), 0);
+
+	enum { NSEG = 12, NB = 48 };
+	char *pay[NSEG];
+	struct mkv_store_layout lay[NSEG];
+	size_t len[NSEG];
+	for (int i = 0; i < NSEG; i++) {
+		/* odd block sizes: pieces not multiples of 16, last one short */
+		struct mkv_store_layout *l = &lay[i];
+		l->n_blocks = NB;
+		l->values_block = 1024 + (i % 3) * 24 + (i % 2) * 3;
+		l->values_off = (uint64_t)(i % 4) * 8;
+		l->values_len = l->values_block * NB - (i % 5) * 17;
+		l->bitmaps_block = 256 + (i % 2) * 4;
+		l->bitmaps_off = l->values_off + l->values_len + (i % 3);
+		l->bitmaps_len = l->bitmaps_block * NB - (i % 7);
+		len[i] = l->bitmaps_off + l->bitmaps_len + 5;
+		pay[i] = malloc(len[i]);
+		cr_assert(pay[i]);
+		fill_random(&g, pay[i], len[i]);
+		struct mkv_seg_key k = { .seq = 7, .layer = 0, .head = 0, .seg = i };
+		cr_assert_eq(mkv_store_put(s, &k, pay[i], len[i], l), 0);
+		struct mkv_seg_info info;
+		cr_assert_eq(mkv_store_info(s, &k, &info), 0);
+		cr_assert_eq(info.tier, MKV_TIER_HOST);
+	}
+
+	struct mkv_fetch *f = NULL;
+	cr_assert_eq(mkv_fetch_create(s, 4 << 20, &f), 0);
+	for (int round = 0; round < 4; round++) {
+		struct mkv_fetch_req req[NSEG];
+		uint32_t blocks[NSEG][NB];
+		struct mkv_block_addr out[NSEG * NB];
+		size_t total = 0;
+		for (int i = 0; i < NSEG; i++) {
+			uint32_t nb = 0;
+			for (uint32_t j = 0; j < NB; j++)
+				if (gu_below(&g, 100) < 10u + 20u * (uint32_t)round)
+					blocks[i][nb++] = j;
+			req[i] = (struct mkv_fetch_req){
+				.key = { .seq = 7, .seg = (uint32_t)i },
+				.blocks = blocks[i], .n_blocks = nb };
+			total += nb;
+		}
+		int64_t got = mkv_store_fetch(f, req, NSEG, round + 1, out);
+		cr_assert_eq(got, (int64_t)total, "seed %llx", (unsigned long long)seed);
+		size_t o_ = 0;
+		for (int i = 0; i < NSEG; i++) {
+			for (uint32_t b = 0; b < req[i].n_blocks; b++, o_++) {
+				uint32_t j = blocks[i][b];
+				const struct mkv_store_layout *l = &lay[i];
+				uint64_t vo = l->values_off + j * l->values_block;
+				uint64_t bo = l->bitmaps_off + j * l->bitmaps_block;
+				uint64_t vl = l->values_off + l->values_len - vo;
+				uint64_t bl = l->bitmaps_off + l->bitmaps_len - bo;
+				vl = vl < l->values_block ? vl : l->values_block;
+				bl = bl < l->bitmaps_block ? bl : l->bitmaps_block;
+				cr_assert_eq(out[o_].device, 1);
+				cr_assert_eq(out[o_].tier, MKV_TIER_HOST);
+				cr_assert_eq(out[o_].values_bytes, vl);
+				cr_assert_eq(out[o_].bitmaps_bytes, bl);
+				char hv[2048], hb[512];
+				GU_CK(cudaMemcpy(hv, out[o_].values, vl, cudaMemcpyDeviceToHost));
+				GU_CK(cudaMemcpy(hb, out[o_].bitmaps, bl, cudaMemcpyDeviceToHost));
+				cr_assert_eq(memcmp(hv, pay[i] + vo, vl), 0,
+					     "values of seg %d block %u (seed %llx)", i, j,
+					     (unsigned long long)seed);
+				cr_assert_eq(memcmp(hb, pay[i] + bo, bl), 0,
+					     "bitmaps of seg %d block %u", i, j);
+			}
+		}
+	}
+	struct mkv_store_stats st = { .size = sizeof st };
+	cr_assert_eq(mkv_store_get_stats(s, &st), 0);
+	cr_assert_eq(st.tier[MKV_TIER_HBM].on_device, 1);
+	cr_assert_gt(st.fetch_blocks_staged, 0);
+	mkv_fetch_destroy(f);
+	mkv_store_destroy(s);
+	for (int i = 0; i < NSEG; i++)
+		free(pay[i]);
+}
