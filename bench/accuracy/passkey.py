@@ -1,0 +1,58 @@
+"""Passkey retrieval on SmolLM2 through three caches at the same token
+budget: the full cache (transformers' DynamicCache), mosaickv
+(MosaicCache) and Quest (QuestCache).  Prints the solved count per method
+and a RESULT line."""
+import argparse
+import sys
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tokens", type=int, default=4000)
+    ap.add_argument("--examples", type=int, default=10)
+    ap.add_argument("--channels", type=float, default=0.25)
+    ap.add_argument("--tokens-frac", type=float, default=0.1)
+    ap.add_argument("--drop", action="store_true")
+    a = ap.parse_args()
+    import mosaickv.hf as mhf
+    from transformers import DynamicCache
+
+    import model as M
+    import tasks
+
+    model, tok = M.load(attn_implementation="mosaickv")
+    cfg = model.config
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    r = max(1, int(round(d * a.channels)))
+    solved = {"full": 0, "mosaickv": 0, "quest": 0}
+    for i in range(a.examples):
+        prompt, answer = tasks.passkey(tok, a.tokens, seed=2000 + i)
+        ids = tok(prompt, return_tensors="pt").input_ids
+        caches = {
+            "full": DynamicCache(config=cfg),
+            "mosaickv": mhf.MosaicCache(cfg, r=r, drop=a.drop, token_frac=a.tokens_frac),
+            "quest": mhf.QuestCache(cfg, token_frac=a.tokens_frac),
+        }
+        line = []
+        for name, cache in caches.items():
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=12, do_sample=False,
+                                     past_key_values=cache)
+            text = tok.decode(out[0, ids.shape[1]:])
+            ok = answer in text
+            solved[name] += ok
+            line.append(f"{name}={'ok' if ok else 'miss'}")
+            if hasattr(cache, "close"):
+                cache.close()
+        print(f"example {i}: {ids.shape[1]} tokens, answer {answer}: " + " ".join(line), flush=True)
+    n = a.examples
+    print(" ".join(f"{k} {v}/{n}" for k, v in solved.items()))
+    print(f"RESULT name=passkey tokens={a.tokens} examples={n} r={r} token_frac={a.tokens_frac} "
+          + " ".join(f"{k}={v}" for k, v in solved.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""mosaickv inside transformers (5.x): MosaicCache and the "mosaickv"
+attention function.
+
+    import mosaickv.hf
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="mosaickv")
+    cache = mosaickv.hf.MosaicCache(model.config)
+    model.generate(ids, past_key_values=cache, ...)
+
+Prefill: each layer's K and V go to mosaickv as compressed segments, and the
+prompt's own attention runs dense (SDPA), as in MosaicKV.  Decode: each new
+token's K and V are appended (compressed at once into the update buffer) and
+attention runs mosaickv's PackedAttention over the compressed cache; dense
+K/V are never rebuilt.  The attention function finds its layer through an
+attribute set on the key tensor that the cache layer returns, since
+generate() rejects unknown keyword arguments; with any other cache it is
+plain SDPA, so one loaded model serves both.
+
+This binding runs attention on the CPU (the sequence layer's CPU path);
+tensors on another device are copied.  Batch size 1 per cache.
+"""
+import itertools
+
+import numpy as np
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+from .seq import Sequence, Store
+
+_ids = itertools.count(1)
+
+
+class MosaicLayer(CacheLayerMixin):
+    is_sliding = False
+
+    def __init__(self, cache, layer_idx):
+        super().__init__()
+        self.cache = cache
+        self.layer_idx = layer_idx
+        self.n = 0
+
+    def lazy_initialization(self, key_states, value_states):
+        self.device = key_states.device
+        self.dtype = key_states.dtype
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.shape[0] != 1:
+            raise NotImplementedError("MosaicCache holds one sequence (batch 1)")
+        seq = self.cache._sequence(key_states)
+        k = key_states[0].detach().to("cpu", torch.float32).numpy()
+        v = value_states[0].detach().to("cpu", torch.float32).numpy()
+        n = k.shape[1]
+        if self.n == 0:
+            seq.prefill(self.layer_idx, k, v)
+            mode = "prefill"
+        elif n == 1:
+            seq.append(self.layer_idx, k[:, 0], v[:, 0])
+            mode = "decode"
+        else:
+            # Several new tokens after the prefill (speculative or chunked
+            # input): append them one by one; their attention is not
+            # supported by this binding yet.
+            raise NotImplementedError("MosaicCache: multi-token updates after prefill")
+        self.n += n
+        key_states._mkv = (self, mode)
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length):
+        return self.n + query_length, 0
+
+    def get_seq_length(self):
+        return self.n
+
+    def get_max_length(self):
+        return -1
+
+    def offload(self):
+        pass  # the store's tiers do it
+
+    def prefetch(self):
+        pass
+
+    def reset(self):
+        raise NotImplementedError("MosaicCache cannot be reset; make a new one")
+
+
+class MosaicCache(Cache):
+    """A transformers Cache whose layers live in a mosaickv sequence.
+
+    Options are those of mosaickv.seq.Sequence (r, g, b, drop, token_frac,
+    window, prefill_segment, ...); r=0 chooses r per segment from
+    loss_threshold.  `store` may be shared between caches; by default each
+    cache makes its own host-memory store."""
+
+    def __init__(self, config, *, store=None, **seq_opts):
+        n_layers = config.num_hidden_layers
+        super().__init__(layers=[MosaicLayer(self, i) for i in range(n_layers)])
+        self.config = config
+        self.kv_heads = config.num_key_value_heads
+        self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
+        self.d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.store = store or Store(gpu=-1)
+        self.seq_opts = seq_opts
+        self.seq = None
+
+    def _sequence(self, key_states):
+        if self.seq is None:
+            self.seq = Sequence(self.store, next(_ids), layers=len(self.layers),
+                                kv_heads=self.kv_heads, q_per_kv=self.q_per_kv,
+                                d=self.d, **self.seq_opts)
+        return self.seq
+
+    def stats(self):
+        return self.seq.stats() if self.seq else {}
+
+    def close(self):
+        if self.seq is not None:
+            self.seq.close()
+            self.seq = None
+
+
+class QuestCache(Cache):
+    """Quest for comparison: dense K/V (transformers' DynamicLayer) and, at
+    decode, mosaickv's Quest reference: blocks of `block` tokens scored by
+    their channel-wise min/max bound, the sink block, the top blocks up to
+    `token_frac` of the history, and the last `window` tokens attended."""
+
+    def __init__(self, config, *, token_frac=0.1, block=16, window=64):
+        from transformers.cache_utils import DynamicLayer
+
+        class _Layer(DynamicLayer):
+            def update(layer, key_states, value_states, *args, **kwargs):
+                first = not layer.is_initialized or layer.get_seq_length() == 0
+                k, v = DynamicLayer.update(layer, key_states, value_states, *args, **kwargs)
+                k._mkv = (self, "prefill" if first else "quest")
+                return k, v
+
+        super().__init__(layers=[_Layer() for _ in range(config.num_hidden_layers)])
+        self.token_frac, self.block, self.window = token_frac, block, window
+        self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
+
+
+def _quest_attention(cache, query, key, value):
+    from . import attend_quest
+    b, hq, qlen, d = query.shape
+    q = query[0, :, 0].detach().to("cpu", torch.float32).numpy()
+    k = key[0].detach().to("cpu", torch.float32).numpy()
+    v = value[0].detach().to("cpu", torch.float32).numpy()
+    n = k.shape[1]
+    w = min(cache.window, n)
+    g = cache.q_per_kv
+    out = np.empty_like(q)
+    for h in range(k.shape[0]):
+        out[h * g:(h + 1) * g], _ = attend_quest(
+            q[h * g:(h + 1) * g], k[h, :n - w], v[h, :n - w], k[h, n - w:], v[h, n - w:],
+            token_frac=cache.token_frac, block=cache.block)
+    return torch.from_numpy(out).to(query.device, query.dtype).view(1, 1, hq, d), None
+
+
+def _packed_attention(layer, query, scaling):
+    b, hq, qlen, d = query.shape
+    if qlen != 1:
+        raise NotImplementedError("mosaickv attention: one query token per step")
+    if scaling is not None and abs(scaling - d ** -0.5) > 1e-6:
+        raise NotImplementedError("mosaickv attention: scale other than 1/sqrt(d)")
+    q = query[0, :, 0].detach().to("cpu", torch.float32).numpy()
+    out = layer.cache.seq.attend(layer.layer_idx, q)
+    return torch.from_numpy(out).to(query.device, query.dtype).view(1, 1, hq, d), None
+
+
+def mosaickv_attention(module, query, key, value, attention_mask, scaling=None,
+                       dropout=0.0, **kwargs):
+    """The "mosaickv" attention function: PackedAttention for a MosaicCache
+    decode step, Quest for a QuestCache decode step, SDPA otherwise (any
+    other cache, and every prompt's own causal attention)."""
+    tag = getattr(key, "_mkv", None)
+    if tag is not None and tag[1] == "decode":
+        return _packed_attention(tag[0], query, scaling)
+    if tag is not None and tag[1] == "quest":
+        return _quest_attention(tag[0], query, key, value)
+    return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                  scaling=scaling, dropout=dropout, **kwargs)
+
+
+AttentionInterface.register("mosaickv", mosaickv_attention)
+AttentionMaskInterface.register("mosaickv", sdpa_mask)

@@ -1,0 +1,156 @@
+"""Store and sequence bindings (include/mosaickv/store.h, sequence.h).
+
+The option structs mirror the C headers field for field; the library
+checks their size, so a stale mirror fails loudly (MosaicError EINVAL at
+*_opts_init) instead of misreading memory.
+"""
+import ctypes as C
+
+import numpy as np
+
+from . import _lib
+from . import MosaicError, _check, _L
+
+MKV_TIER_COUNT = 3
+
+
+class StoreOpts(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("hbm_bytes", C.c_size_t),
+                ("host_bytes", C.c_size_t), ("nvme_bytes", C.c_size_t),
+                ("nvme_dir", C.c_char_p), ("gpu", C.c_int), ("numa_node", C.c_int),
+                ("workers", C.c_uint32), ("io_depth", C.c_uint32), ("lz4", C.c_uint32),
+                ("half_life", C.c_double),
+                ("high_wm", C.c_double * MKV_TIER_COUNT),
+                ("low_wm", C.c_double * MKV_TIER_COUNT),
+                ("auto_balance", C.c_uint32), ("hot_fraction", C.c_double),
+                ("io_buf_bytes", C.c_size_t), ("fetch_mapped", C.c_uint32)]
+
+
+class SeqOpts(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("layers", C.c_uint32), ("kv_heads", C.c_uint32),
+                ("q_per_kv", C.c_uint32), ("d", C.c_uint32),
+                ("prefill_segment", C.c_uint32), ("min_segment", C.c_uint32),
+                ("max_segment", C.c_uint32), ("window", C.c_uint32),
+                ("token_frac", C.c_double), ("r", C.c_uint32), ("g", C.c_uint32),
+                ("b", C.c_uint32), ("drop", C.c_uint32),
+                ("loss_threshold", C.c_double), ("var_threshold", C.c_double),
+                ("store_dtype", C.c_int), ("lag_cap", C.c_size_t),
+                ("staging_bytes", C.c_size_t)]
+
+
+class SeqStats(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("tokens", C.c_uint64), ("swaps", C.c_uint64),
+                ("finalize_failed", C.c_uint64), ("last_error", C.c_int64),
+                ("lag_tokens", C.c_uint64), ("lag_bytes", C.c_uint64),
+                ("max_lag_bytes", C.c_uint64), ("sync_finalized", C.c_uint64),
+                ("queue_depth", C.c_uint32), ("segments_final", C.c_uint64),
+                ("segments_pending", C.c_uint64), ("fetch_bytes_last", C.c_uint64),
+                ("fetch_bytes_total", C.c_uint64), ("attend_bytes_last", C.c_uint64)]
+
+
+P, I, SZ, U32 = C.c_void_p, C.c_int, C.c_size_t, C.c_uint32
+for _name, _res, _args in [
+        ("mkv_store_opts_init", I, [C.POINTER(StoreOpts), SZ]),
+        ("mkv_store_create", I, [C.POINTER(StoreOpts), C.POINTER(P)]),
+        ("mkv_store_destroy", None, [P]),
+        ("mkv_seq_opts_init", I, [C.POINTER(SeqOpts), SZ]),
+        ("mkv_seq_open", I, [P, C.POINTER(SeqOpts), C.c_uint64, C.POINTER(P)]),
+        ("mkv_seq_close", I, [P]),
+        ("mkv_seq_prefill", I, [P, U32, P, P, I, SZ]),
+        ("mkv_seq_append", I, [C.POINTER(P), SZ, U32, P, P, I]),
+        ("mkv_seq_attend", I, [P, U32, P, P, P]),
+        ("mkv_seq_flush", I, [P, U32]),
+        ("mkv_seq_sync", I, [P]),
+        ("mkv_seq_get_stats", I, [P, C.POINTER(SeqStats)])]:
+    _fn = getattr(_L, _name)
+    _fn.restype, _fn.argtypes = _res, _args
+
+
+class Store:
+    """A tiered store; every sequence on it must be closed before it."""
+
+    def __init__(self, hbm_bytes=256 << 20, host_bytes=1 << 30, nvme_dir=None,
+                 gpu=-1, workers=2):
+        o = StoreOpts()
+        _check(_L.mkv_store_opts_init(C.byref(o), C.sizeof(o)),
+               "store options (binding out of date?)")
+        o.hbm_bytes, o.host_bytes, o.gpu, o.workers = hbm_bytes, host_bytes, gpu, workers
+        self._dir = nvme_dir.encode() if nvme_dir else None
+        o.nvme_dir = self._dir
+        h = C.c_void_p()
+        _check(_L.mkv_store_create(C.byref(o), C.byref(h)), "store")
+        self._h = h
+
+    def close(self):
+        if getattr(self, "_h", None):
+            _L.mkv_store_destroy(self._h)
+            self._h = None
+
+    __del__ = close
+
+
+class Sequence:
+    """One request's cache: layers × kv_heads of compressed segments."""
+
+    def __init__(self, store, seq_id, *, layers, kv_heads, q_per_kv, d,
+                 r=0, g=1, b=16, drop=False, token_frac=0.1, window=64,
+                 prefill_segment=4096, min_segment=256, max_segment=65536,
+                 loss_threshold=0.3, store_dtype="bf16"):
+        o = SeqOpts()
+        _check(_L.mkv_seq_opts_init(C.byref(o), C.sizeof(o)),
+               "sequence options (binding out of date?)")
+        o.layers, o.kv_heads, o.q_per_kv, o.d = layers, kv_heads, q_per_kv, d
+        o.r, o.g, o.b, o.drop = r, g, b, int(drop)
+        o.token_frac, o.window = token_frac, window
+        o.prefill_segment, o.min_segment, o.max_segment = prefill_segment, min_segment, max_segment
+        o.loss_threshold = loss_threshold
+        o.store_dtype = _lib.MKV_DTYPE_F32 if store_dtype == "f32" else _lib.MKV_DTYPE_BF16
+        self.store = store  # keeps the store alive
+        self.layers, self.kv_heads, self.q_per_kv, self.d = layers, kv_heads, q_per_kv, d
+        h = C.c_void_p()
+        _check(_L.mkv_seq_open(store._h, C.byref(o), seq_id, C.byref(h)), "open")
+        self._h = h
+
+    def prefill(self, layer, k, v):
+        """k, v: (kv_heads, n, d) float32."""
+        k = np.ascontiguousarray(k, dtype=np.float32)
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        _check(_L.mkv_seq_prefill(self._h, layer, k.ctypes.data, v.ctypes.data,
+                                  _lib.MKV_DTYPE_F32, k.shape[1]), "prefill")
+
+    def append(self, layer, k, v):
+        """k, v: (kv_heads, d) float32, one decode token."""
+        k = np.ascontiguousarray(k, dtype=np.float32)
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        arr = (C.c_void_p * 1)(self._h)
+        _check(_L.mkv_seq_append(arr, 1, layer, k.ctypes.data, v.ctypes.data,
+                                 _lib.MKV_DTYPE_F32), "append")
+
+    def attend(self, layer, q):
+        """q: (kv_heads * q_per_kv, d) float32 -> output of the same shape."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        out = np.empty_like(q)
+        _check(_L.mkv_seq_attend(self._h, layer, q.ctypes.data, out.ctypes.data, None),
+               "attend")
+        return out
+
+    def sync(self):
+        _check(_L.mkv_seq_sync(self._h), "sync")
+
+    def stats(self):
+        st = SeqStats()
+        st.size = C.sizeof(st)
+        _check(_L.mkv_seq_get_stats(self._h, C.byref(st)), "stats")
+        return {f: getattr(st, f) for f, _ in st._fields_ if f != "size"}
+
+    def close(self):
+        if getattr(self, "_h", None):
+            rc = _L.mkv_seq_close(self._h)
+            self._h = None
+            _check(rc, "close")
+
+    def __del__(self):
+        try:
+            self.close()
+        except MosaicError:
+            pass
