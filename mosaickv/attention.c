@@ -379,26 +379,6 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 	}
 }
 
-/* Decode row @t of a block whose packed values and bitmaps start at
- * @vals/@bms into d_keep floats (rotated space). */
-static void unpack_block_row(const struct mkv_packed_view *v, const void *vals,
-			     const uint8_t *bms, uint32_t t, float *dst)
-{
-	const uint8_t *bm = bms + (size_t)t * v->bitmap_bytes;
-	size_t base = (size_t)t * v->r;
-	uint32_t k = 0;
-	memset(dst, 0, sizeof(float) * v->d_keep);
-	for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
-		unsigned bits = bm[byte];
-		while (bits) {
-			uint32_t j = byte * 8 + (uint32_t)__builtin_ctz(bits);
-			bits &= bits - 1;
-			for (uint32_t u = 0; u < v->g; u++)
-				dst[j * v->g + u] = mkv_elem(vals, v->store_dtype, base + k++);
-		}
-	}
-}
-
 int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 		  const struct attn_src *src, size_t nsrc,
 		  const struct mkv_dense_kv *win, float *out,
@@ -437,10 +417,10 @@ int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 			uint32_t i0 = j * kv->b;
 			uint32_t rows = kv->n - i0 < kv->b ? kv->n - i0 : kv->b;
 			for (uint32_t t = 0; t < rows; t++) {
-				unpack_block_row(kv, a->kaddr[bi].values,
-						 a->kaddr[bi].bitmaps, t, s.kbuf);
-				unpack_block_row(vv, a->vaddr[bi].values,
-						 a->vaddr[bi].bitmaps, t, s.vbuf);
+				packed_unpack_row(kv, a->kaddr[bi].values,
+						  a->kaddr[bi].bitmaps, t, s.kbuf);
+				packed_unpack_row(vv, a->vaddr[bi].values,
+						  a->vaddr[bi].bitmaps, t, s.vbuf);
 				for (uint32_t h = 0; h < nq; h++) {
 					float sc = scale * dot(qr + (size_t)h * kv->d_keep,
 							       s.kbuf, kv->d_keep);
@@ -545,22 +525,14 @@ int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
 	/* In-memory segments: every block's address is in place. */
 	size_t ci = 0, w = 0;
 	for (size_t i = 0; i < nseg; i++) {
-		const struct mkv_packed_view *kv = &k[i]->v, *vv = &v[i]->v;
-		size_t kes = mkv_dtype_size(kv->store_dtype);
-		size_t ves = mkv_dtype_size(vv->store_dtype);
 		src[i] = (struct attn_src){.k = k[i], .v = v[i], .blocks = blocks + w,
 					   .kaddr = ka + w, .vaddr = va + w};
-		for (uint32_t j = 0; j < kv->n_blocks; j++, ci++) {
+		for (uint32_t j = 0; j < k[i]->v.n_blocks; j++, ci++) {
 			if (!mask[ci])
 				continue;
-			size_t r0 = (size_t)j * kv->b;
 			blocks[w] = j;
-			ka[w] = (struct blk_addr){
-				.values = (const char *)k[i]->values + r0 * kv->r * kes,
-				.bitmaps = k[i]->bitmaps + r0 * kv->bitmap_bytes};
-			va[w] = (struct blk_addr){
-				.values = (const char *)v[i]->values + r0 * vv->r * ves,
-				.bitmaps = v[i]->bitmaps + r0 * vv->bitmap_bytes};
+			ka[w] = seg_block_addr(k[i], j);
+			va[w] = seg_block_addr(v[i], j);
 			src[i].n_sel++;
 			w++;
 		}

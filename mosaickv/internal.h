@@ -52,6 +52,9 @@ struct attn_src {
 	const uint32_t *blocks;
 	const struct blk_addr *kaddr, *vaddr;
 };
+/* Block @block's packed values and bitmaps in an in-memory segment. */
+MKV_HIDDEN struct blk_addr seg_block_addr(const struct mkv_segment *s,
+					  uint32_t block);
 MKV_HIDDEN int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 			     const struct attn_src *src, size_t nsrc,
 			     const struct mkv_dense_kv *win, float *out,
@@ -63,6 +66,12 @@ MKV_HIDDEN int attn_select(const struct mkv_attn_opts *o, const float *q,
 			   uint8_t *mask);
 /* Validate attention options and queries as the public entries do. */
 MKV_HIDDEN int attn_check(const struct mkv_attn_opts *o, const float *q);
+
+/* Decode row @t of packed rows starting at @vals/@bms (a whole segment's
+ * arrays, or one block's) into v->d_keep floats, rotated space. */
+MKV_HIDDEN void packed_unpack_row(const struct mkv_packed_view *v,
+				  const void *vals, const uint8_t *bms,
+				  size_t t, float *dst);
 
 /*
  * Free a segment's packed values and bitmaps, keeping its shape, rotation

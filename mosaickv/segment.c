@@ -430,13 +430,11 @@ int mkv_segment_bytes(const struct mkv_segment *s, struct mkv_segment_bytes *b)
 	return 0;
 }
 
-/* Scatter packed vector i to its rotated-channel positions in @dst
- * (d_keep floats, zeroed here). */
-static void unpack_vector(const struct mkv_segment *s, size_t i, float *dst)
+void packed_unpack_row(const struct mkv_packed_view *v, const void *vals,
+		       const uint8_t *bms, size_t t, float *dst)
 {
-	const struct mkv_packed_view *v = &s->v;
-	const uint8_t *bm = s->bitmaps + i * v->bitmap_bytes;
-	size_t base = i * v->r;
+	const uint8_t *bm = bms + t * v->bitmap_bytes;
+	size_t base = t * v->r;
 	uint32_t k = 0;
 	memset(dst, 0, sizeof(float) * v->d_keep);
 	for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
@@ -444,10 +442,23 @@ static void unpack_vector(const struct mkv_segment *s, size_t i, float *dst)
 		while (bits) {
 			uint32_t j = byte * 8 + (uint32_t)__builtin_ctz(bits);
 			bits &= bits - 1;
-			for (uint32_t t = 0; t < v->g; t++)
-				dst[j * v->g + t] = mkv_elem(s->values, v->store_dtype, base + k++);
+			for (uint32_t u = 0; u < v->g; u++)
+				dst[j * v->g + u] = mkv_elem(vals, v->store_dtype, base + k++);
 		}
 	}
+}
+
+struct blk_addr seg_block_addr(const struct mkv_segment *s, uint32_t block)
+{
+	size_t r0 = (size_t)block * s->v.b;
+	return (struct blk_addr){
+		(const char *)s->values + r0 * s->v.r * mkv_dtype_size(s->v.store_dtype),
+		s->bitmaps + r0 * s->v.bitmap_bytes};
+}
+
+static void unpack_vector(const struct mkv_segment *s, size_t i, float *dst)
+{
+	packed_unpack_row(&s->v, s->values, s->bitmaps, i, dst);
 }
 
 int mkv_segment_decode(const struct mkv_segment *s, size_t first, size_t count,

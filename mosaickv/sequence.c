@@ -970,16 +970,9 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 						.blocks = src[i].blocks, .n_blocks = src[i].n_sel};
 					nfetch += 2 * src[i].n_sel;
 				} else {
-					size_t kes = mkv_dtype_size(K->v.store_dtype);
-					size_t ves = mkv_dtype_size(V->v.store_dtype);
 					for (uint32_t bi = 0; bi < src[i].n_sel; bi++) {
-						size_t r0 = (size_t)src[i].blocks[bi] * K->v.b;
-						ka[wpos + bi] = (struct blk_addr){
-							(const char *)K->values + r0 * K->v.r * kes,
-							K->bitmaps + r0 * K->v.bitmap_bytes};
-						va[wpos + bi] = (struct blk_addr){
-							(const char *)V->values + r0 * V->v.r * ves,
-							V->bitmaps + r0 * V->v.bitmap_bytes};
+						ka[wpos + bi] = seg_block_addr(K, src[i].blocks[bi]);
+						va[wpos + bi] = seg_block_addr(V, src[i].blocks[bi]);
 					}
 				}
 				wpos += src[i].n_sel;
