@@ -15,6 +15,8 @@ def main():
     ap.add_argument("--channels", type=float, default=0.25)
     ap.add_argument("--tokens-frac", type=float, default=0.1)
     ap.add_argument("--drop", action="store_true")
+    ap.add_argument("--methods", default="full,mosaickv,quest",
+                    help="comma-separated subset of full,mosaickv,quest")
     a = ap.parse_args()
     import mosaickv.hf as mhf
     from transformers import DynamicCache
@@ -26,17 +28,19 @@ def main():
     cfg = model.config
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     r = max(1, int(round(d * a.channels)))
-    solved = {"full": 0, "mosaickv": 0, "quest": 0}
+    methods = a.methods.split(",")
+    solved = {m: 0 for m in methods}
     for i in range(a.examples):
         prompt, answer = tasks.passkey(tok, a.tokens, seed=2000 + i)
         ids = tok(prompt, return_tensors="pt").input_ids
-        caches = {
-            "full": DynamicCache(config=cfg),
-            "mosaickv": mhf.MosaicCache(cfg, r=r, drop=a.drop, token_frac=a.tokens_frac),
-            "quest": mhf.QuestCache(cfg, token_frac=a.tokens_frac),
+        make = {
+            "full": lambda: DynamicCache(config=cfg),
+            "mosaickv": lambda: mhf.MosaicCache(cfg, r=r, drop=a.drop, token_frac=a.tokens_frac),
+            "quest": lambda: mhf.QuestCache(cfg, token_frac=a.tokens_frac),
         }
         line = []
-        for name, cache in caches.items():
+        for name in methods:
+            cache = make[name]()
             with torch.no_grad():
                 out = model.generate(ids, max_new_tokens=12, do_sample=False,
                                      past_key_values=cache)
