@@ -9,8 +9,20 @@
  */
 #ifndef MKV_MINI_CRITERION_H
 #define MKV_MINI_CRITERION_H
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* The optional message of an assertion (may be empty, hence no format
+ * attribute: an empty format is what cr_assert(x) passes). */
+static inline void mini_msg(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
 
 struct mini_test {
 	const char *suite, *name;
@@ -33,8 +45,7 @@ extern int mini_ntests;
 		if (!(cond)) {                                                 \
 			fprintf(stderr, "%s:%d: assertion failed: %s\n  ",    \
 				__FILE__, __LINE__, #cond);                    \
-			fprintf(stderr, "" __VA_ARGS__);                       \
-			fprintf(stderr, "\n");                                 \
+			mini_msg("" __VA_ARGS__);                              \
 			exit(1);                                               \
 		}                                                              \
 	} while (0)
@@ -43,8 +54,7 @@ extern int mini_ntests;
 #define cr_assert_leq(a, b, ...) cr_assert((a) <= (b), __VA_ARGS__)
 #define cr_skip_test(...)                                                      \
 	do {                                                                   \
-		fprintf(stderr, "skipped: " __VA_ARGS__);                      \
-		fprintf(stderr, "\n");                                         \
+		mini_msg("skipped: " __VA_ARGS__);                             \
 		return;                                                        \
 	} while (0)
 #endif
