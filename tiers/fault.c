@@ -139,6 +139,29 @@ static int fault_getv(struct tier *t, struct tier_io *io, struct tier_obj **o,
 	return first;
 }
 
+/* A read fault the wrapper answers without the inner tier: -errno, or 0
+ * when the read must go through (bit flip, short read). */
+static int64_t read_fault_early(enum fault_kind kind, int err)
+{
+	if (kind == FAULT_ERRNO)
+		return err ? -err : -EIO;
+	if (kind == FAULT_NOMEM)
+		return -ENOMEM;
+	return 0;
+}
+
+/* Corrupt what the inner tier read into @dst (@rc bytes), as armed. */
+static int64_t read_fault_late(enum fault_kind kind, void *dst, int64_t rc)
+{
+	if (rc <= 0)
+		return rc;
+	if (kind == FAULT_BITFLIP)
+		((char *)dst)[rc / 2] ^= 0x10;
+	else if (kind == FAULT_SHORT)
+		rc /= 2;
+	return rc;
+}
+
 static int64_t fault_get(struct tier *t, struct tier_io *io,
 			 struct tier_obj *o, void *dst, size_t cap)
 {
@@ -149,18 +172,9 @@ static int64_t fault_get(struct tier *t, struct tier_io *io,
 
 	if (!fault_fire(f, FAULT_OP_GET, &kind, &err))
 		return tier_get(f->inner, io, o, dst, cap);
-	if (kind == FAULT_ERRNO)
-		return err ? -err : -EIO;
-	if (kind == FAULT_NOMEM)
-		return -ENOMEM;
-	rc = tier_get(f->inner, io, o, dst, cap);
-	if (rc <= 0)
+	if ((rc = read_fault_early(kind, err)))
 		return rc;
-	if (kind == FAULT_BITFLIP)
-		((char *)dst)[rc / 2] ^= 0x10;
-	else if (kind == FAULT_SHORT)
-		rc /= 2;
-	return rc;
+	return read_fault_late(kind, dst, tier_get(f->inner, io, o, dst, cap));
 }
 
 static int64_t fault_gather(struct tier *t, struct tier_io *io,
@@ -174,18 +188,9 @@ static int64_t fault_gather(struct tier *t, struct tier_io *io,
 
 	if (!fault_fire(f, FAULT_OP_GATHER, &kind, &err))
 		return tier_gather(f->inner, io, o, r, n, dst);
-	if (kind == FAULT_ERRNO)
-		return err ? -err : -EIO;
-	if (kind == FAULT_NOMEM)
-		return -ENOMEM;
-	rc = tier_gather(f->inner, io, o, r, n, dst);
-	if (rc <= 0)
+	if ((rc = read_fault_early(kind, err)))
 		return rc;
-	if (kind == FAULT_BITFLIP)
-		((char *)dst)[rc / 2] ^= 0x10;
-	else if (kind == FAULT_SHORT)
-		rc /= 2;
-	return rc;
+	return read_fault_late(kind, dst, tier_gather(f->inner, io, o, r, n, dst));
 }
 
 static int64_t fault_gatherv(struct tier *t, struct tier_io *io,
@@ -199,18 +204,9 @@ static int64_t fault_gatherv(struct tier *t, struct tier_io *io,
 
 	if (!fault_fire(f, FAULT_OP_GATHER, &kind, &err))
 		return tier_gatherv(f->inner, io, rq, n, dst);
-	if (kind == FAULT_ERRNO)
-		return err ? -err : -EIO;
-	if (kind == FAULT_NOMEM)
-		return -ENOMEM;
-	rc = tier_gatherv(f->inner, io, rq, n, dst);
-	if (rc <= 0)
+	if ((rc = read_fault_early(kind, err)))
 		return rc;
-	if (kind == FAULT_BITFLIP)
-		((char *)dst)[rc / 2] ^= 0x10;
-	else if (kind == FAULT_SHORT)
-		rc /= 2;
-	return rc;
+	return read_fault_late(kind, dst, tier_gatherv(f->inner, io, rq, n, dst));
 }
 
 static void *fault_addr(struct tier *t, struct tier_obj *o)
