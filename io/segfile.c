@@ -21,19 +21,46 @@ static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return l
 
 #define OFF_CSUM 120
 
-static uint64_t frame_checksum(const uint8_t *hdr, const uint8_t *stored,
-			       size_t stored_len)
+/* Start the frame checksum: the header with its checksum field zeroed. */
+static void frame_checksum_begin(XXH3_state_t *st, const uint8_t *hdr)
 {
 	uint8_t h[SEGFILE_HDR_SIZE];
-	XXH3_state_t st;
 
 	memcpy(h, hdr, sizeof h);
 	memset(h + OFF_CSUM, 0, 8);
-	XXH3_INITSTATE(&st);
-	XXH3_64bits_reset(&st);
-	XXH3_64bits_update(&st, h, sizeof h);
+	XXH3_INITSTATE(st);
+	XXH3_64bits_reset(st);
+	XXH3_64bits_update(st, h, sizeof h);
+}
+
+static uint64_t frame_checksum(const uint8_t *hdr, const uint8_t *stored,
+			       size_t stored_len)
+{
+	XXH3_state_t st;
+
+	frame_checksum_begin(&st, hdr);
 	XXH3_64bits_update(&st, stored, stored_len);
 	return XXH3_64bits_digest(&st);
+}
+
+/*
+ * Copy and hash in pieces that stay in cache, so a payload crosses memory
+ * once instead of once per pass (streaming XXH3 gives the one-shot value).
+ * @a (may be NULL) hashes the source, @b (may be NULL) the copy.
+ */
+#define CHUNK ((size_t)64 << 10)
+static void copy_hashing(uint8_t *dst, const uint8_t *src, size_t len,
+			 XXH3_state_t *a, XXH3_state_t *b)
+{
+	for (size_t o = 0; o < len; o += CHUNK) {
+		size_t n = len - o < CHUNK ? len - o : CHUNK;
+
+		if (a)
+			XXH3_64bits_update(a, src + o, n);
+		memcpy(dst + o, src + o, n);
+		if (b)
+			XXH3_64bits_update(b, dst + o, n);
+	}
 }
 
 int64_t segfile_encode(struct segfile_meta *m, const void *payload, size_t len,
@@ -42,11 +69,13 @@ int64_t segfile_encode(struct segfile_meta *m, const void *payload, size_t len,
 	uint8_t *d = dst, *stored;
 	size_t stored_len = len, framed;
 	uint32_t flags = 0;
+	uint64_t hint, csum;
 
 	if (!m || !payload || !dst || len == 0 || len > SEGFILE_MAX_PAYLOAD)
 		return -EINVAL;
 	if (cap < segfile_bound(len))
 		return -ENOSPC;
+	hint = m->payload_hash;
 	stored = d + SEGFILE_HDR_SIZE;
 	if (try_lz4 && len >= 64) {
 		/* Capacity 90% of the input: lz4 fails (returns 0) unless it
@@ -59,8 +88,6 @@ int64_t segfile_encode(struct segfile_meta *m, const void *payload, size_t len,
 			flags |= SEGFILE_F_LZ4;
 		}
 	}
-	if (!(flags & SEGFILE_F_LZ4))
-		memcpy(stored, payload, len);
 	framed = segfile_align_up(SEGFILE_HDR_SIZE + stored_len);
 	memset(stored + stored_len, 0, framed - SEGFILE_HDR_SIZE - stored_len);
 
@@ -78,9 +105,35 @@ int64_t segfile_encode(struct segfile_meta *m, const void *payload, size_t len,
 		put32(d + 40 + 4 * i, m->shape[i]);
 	put64(d + 72, len);
 	put64(d + 80, stored_len);
-	m->payload_hash = XXH3_64bits(payload, len);
-	put64(d + 88, m->payload_hash);
-	put64(d + OFF_CSUM, frame_checksum(d, stored, stored_len));
+	put64(d + 96, m->gen);
+	put64(d + 104, m->place);
+	put32(d + 112, m->container);
+	if (flags & SEGFILE_F_LZ4) {
+		m->payload_hash = XXH3_64bits(payload, len);
+		put64(d + 88, m->payload_hash);
+		csum = frame_checksum(d, stored, stored_len);
+	} else {
+		/* The payload hash sits in the header the frame checksum
+		 * starts with: when the caller knows it, copy, payload hash
+		 * and frame checksum are one pass over cached pieces; the
+		 * hash is still computed, and a wrong hint costs a second
+		 * pass, never a wrong frame. */
+		XXH3_state_t ph, fs;
+
+		put64(d + 88, hint);
+		frame_checksum_begin(&fs, d);
+		XXH3_INITSTATE(&ph);
+		XXH3_64bits_reset(&ph);
+		copy_hashing(stored, payload, len, &ph, hint ? &fs : NULL);
+		m->payload_hash = XXH3_64bits_digest(&ph);
+		if (hint && m->payload_hash == hint) {
+			csum = XXH3_64bits_digest(&fs);
+		} else {
+			put64(d + 88, m->payload_hash);
+			csum = frame_checksum(d, stored, stored_len);
+		}
+	}
+	put64(d + OFF_CSUM, csum);
 
 	m->flags = flags;
 	m->raw_len = len;
@@ -111,6 +164,9 @@ int segfile_parse_header(const void *buf, size_t len, struct segfile_meta *m)
 	t.raw_len = get64(d + 72);
 	t.stored_len = get64(d + 80);
 	t.payload_hash = get64(d + 88);
+	t.gen = get64(d + 96);
+	t.place = get64(d + 104);
+	t.container = get32(d + 112);
 	if ((t.flags & ~SEGFILE_F_LZ4) != 0 || t.raw_len == 0 ||
 	    t.raw_len > SEGFILE_MAX_PAYLOAD || t.stored_len == 0 ||
 	    t.stored_len > t.raw_len ||
@@ -134,6 +190,22 @@ int64_t segfile_decode(const void *buf, size_t len, struct segfile_meta *m,
 		return rc;
 	if (len < SEGFILE_HDR_SIZE + t.stored_len)
 		return -MKV_ECORRUPT;
+	if (!(t.flags & SEGFILE_F_LZ4) && cap >= t.raw_len) {
+		/* One pass: checksum, copy and payload hash per chunk.  @out
+		 * is written before the verdict, as it is on any failure. */
+		XXH3_state_t fs, ph;
+
+		frame_checksum_begin(&fs, d);
+		XXH3_INITSTATE(&ph);
+		XXH3_64bits_reset(&ph);
+		copy_hashing(out, d + SEGFILE_HDR_SIZE, t.raw_len, &fs, &ph);
+		if (XXH3_64bits_digest(&fs) != get64(d + OFF_CSUM) ||
+		    XXH3_64bits_digest(&ph) != t.payload_hash)
+			return -MKV_ECORRUPT;
+		if (m)
+			*m = t;
+		return (int64_t)t.raw_len;
+	}
 	if (frame_checksum(d, d + SEGFILE_HDR_SIZE, t.stored_len) !=
 	    get64(d + OFF_CSUM))
 		return -MKV_ECORRUPT;

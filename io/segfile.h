@@ -17,9 +17,19 @@
  *    72     8  raw payload length (after decompression)
  *    80     8  stored payload length (on disk, after the header)
  *    88     8  XXH3-64 of the raw payload (what the writer was handed)
- *    96    24  reserved, zero
+ *    96     8  generation: the writer's sequence number (0: none)
+ *   104     8  place: byte offset of the frame in its container file
+ *   112     4  container: which file (the NVMe tier's slab number)
+ *   116     4  reserved, zero
  *   120     8  XXH3-64 over the header (this field zeroed) and the stored
  *              payload
+ *
+ * Generation, place and container were reserved (zero) bytes before the
+ * NVMe tier packed frames into slab files; a frame that does not use them
+ * keeps them zero, so the version did not change.  They let a reader that
+ * scans a container tell a frame written at this very place from the image
+ * of one found elsewhere (inside another frame's payload, say), and order
+ * two frames of one key.
  *
  * io/ knows bytes only: the payload is opaque (the store puts a serialized
  * segment there).  lz4 is used only where it saves at least 10% — the
@@ -49,10 +59,16 @@ struct segfile_key {
 struct segfile_meta {
 	struct segfile_key key;
 	uint32_t shape[SEGFILE_SHAPE_WORDS];
+	uint64_t gen;          /* into encode, out of decode: generation */
+	uint64_t place;        /* into encode, out of decode: offset in file */
+	uint32_t container;    /* into encode, out of decode: file number */
 	uint32_t flags;        /* out of encode / decode: SEGFILE_F_* */
 	uint64_t raw_len;      /* out of encode / decode */
 	uint64_t stored_len;   /* out of encode / decode */
-	uint64_t payload_hash; /* out of encode / decode: XXH3-64 of raw */
+	/* out of encode / decode: XXH3-64 of raw.  Into encode: that hash
+	 * if the caller already knows it, else 0 (encode then needs one more
+	 * pass over the payload; a wrong value is detected and replaced). */
+	uint64_t payload_hash;
 };
 
 static inline size_t segfile_align_up(size_t x)
@@ -67,8 +83,8 @@ static inline size_t segfile_bound(size_t raw_len)
 }
 
 /*
- * Frame @len bytes of @payload with @m's key and shape into @dst (@cap
- * bytes, at least segfile_bound(len)).  @try_lz4: attempt compression.
+ * Frame @len bytes of @payload with @m's key, shape, generation, place and
+ * container into @dst (@cap bytes, at least segfile_bound(len)).  @try_lz4: attempt compression.
  * Fills m->flags, raw_len, stored_len, payload_hash.  Returns the framed
  * length (a multiple of SEGFILE_ALIGN, padding zeroed), or -EINVAL (NULL,
  * len 0 or too large), -ENOSPC (cap too small).

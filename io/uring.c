@@ -140,23 +140,40 @@ static void prep(struct uring_engine *e, struct io_uring_sqe *sqe,
 /* Largest single transfer: the SQE length field is 32 bits. */
 #define MAX_XFER ((size_t)1 << 30)
 
+static int op_invalid(const struct uring_op *op)
+{
+	return (op->flags & ~URING_OP_F_LINK) ||
+	       op->opcode > URING_OP_FDATASYNC ||
+	       (op->opcode != URING_OP_FDATASYNC &&
+		(!op->buf || op->len == 0 || op->len > MAX_XFER));
+}
+
 int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 {
-	struct op_state *s;
-	unsigned next = 0, inflight = 0, left = n, resub = 0;
-	int first_err = 0;
+	return uring_engine_run_hooks(e, ops, n, NULL, NULL);
+}
 
+int uring_engine_run_hooks(struct uring_engine *e, struct uring_op *ops,
+			   unsigned n, const struct uring_hooks *h,
+			   unsigned *n_out)
+{
+	struct op_state *s;
+	unsigned next = 0, inflight = 0, left, resub = 0, ready, nfin = 0;
+	unsigned *fin;
+	int first_err = 0, last = 1;
+	unsigned (*more)(void *, unsigned, int *) = h ? h->more : NULL;
+	void (*done)(void *, unsigned) = h ? h->done : NULL;
+
+	if (n_out)
+		*n_out = 0;
 	if (!e || (!ops && n))
 		return -EINVAL;
-	for (unsigned i = 0; i < n; i++) {
-		if ((ops[i].flags & ~URING_OP_F_LINK) ||
-		    (ops[i].flags & URING_OP_F_LINK && i + 1 == n) ||
-		    ops[i].opcode > URING_OP_FDATASYNC ||
-		    (ops[i].opcode != URING_OP_FDATASYNC &&
-		     (!ops[i].buf || ops[i].len == 0 || ops[i].len > MAX_XFER)))
+	for (unsigned i = 0; !more && i < n; i++) {
+		if (op_invalid(&ops[i]) ||
+		    (ops[i].flags & URING_OP_F_LINK && i + 1 == n))
 			return -EINVAL;
 	}
-	for (unsigned i = 0, chain = 1; i < n; i++) {
+	for (unsigned i = 0, chain = 1; !more && i < n; i++) {
 		/* a chain must fit the ring, or it could never be issued */
 		chain = (i && (ops[i - 1].flags & URING_OP_F_LINK)) ? chain + 1 : 1;
 		if (chain > e->depth)
@@ -165,32 +182,49 @@ int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 	if (n == 0)
 		return 0;
 	s = calloc(n, sizeof *s);
-	if (!s)
+	fin = calloc(n, sizeof *fin); /* finished since the last done() calls */
+	if (!s || !fin) {
+		free(s);
+		free(fin);
 		return -ENOMEM;
+	}
+	left = n;
+	ready = n;
+	if (more) {
+		/* The hooks' ops are checked as they come: the first batch now,
+		 * later ones after each call below. */
+		last = 0;
+		ready = 0;
+		goto produce;
+	}
 
 	while (left) {
 		/* Fill the ring: a batch of new ops, one submit. */
 		unsigned queued = 0;
+		int producing;
 
-		while (next < n) {
+		while (next < ready) {
 			unsigned chain = 1;
 
 			/* A linked chain goes into one submission whole: a
 			 * chain cut at the end of a submission is broken. */
-			while (next + chain - 1 < n &&
+			while (next + chain - 1 < ready &&
 			       (ops[next + chain - 1].flags & URING_OP_F_LINK))
 				chain++;
-			if (next + chain > n)
-				chain = n - next;
+			if (next + chain > ready)
+				chain = ready - next;
 			if (inflight + chain > e->depth ||
 			    io_uring_sq_space_left(&e->ring) < chain)
 				break;
 			for (unsigned c = 0; c < chain; c++, next++) {
-				struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
+				struct io_uring_sqe *sqe;
 				const struct uring_op *op = &ops[next];
 				int linked_prev = next > 0 &&
 					(ops[next - 1].flags & URING_OP_F_LINK);
 
+				if (s[next].finished)
+					continue; /* refused when made ready */
+				sqe = io_uring_get_sqe(&e->ring);
 				prep(e, sqe, &ops[next], 0, next,
 				     op->opcode == URING_OP_FDATASYNC &&
 					     !linked_prev);
@@ -200,8 +234,12 @@ int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 				queued++;
 			}
 		}
-		if (queued || inflight) {
-			int rc = io_uring_submit_and_wait(&e->ring, 1);
+		/* With more ops to prepare, do not wait: submit, reap what is
+		 * there, and let the caller work while these fly. */
+		producing = !last && next == ready;
+		if (queued || resub || (inflight && !producing)) {
+			int rc = producing ? io_uring_submit(&e->ring)
+					   : io_uring_submit_and_wait(&e->ring, 1);
 
 			if (queued || resub)
 				e->st.submits++;
@@ -212,7 +250,7 @@ int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 				/* The ring itself failed: nothing in flight
 				 * can be trusted to complete; fail the lot. */
 				first_err = rc;
-				for (unsigned i = 0; i < n; i++)
+				for (unsigned i = 0; i < ready; i++)
 					if (!s[i].finished)
 						ops[i].res = rc;
 				goto out_drain;
@@ -232,6 +270,7 @@ int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 			if (op->opcode == URING_OP_FDATASYNC || res < 0) {
 				op->res = res < 0 ? res : 0;
 				s[i].finished = 1;
+				fin[nfin++] = i;
 				left--;
 				continue;
 			}
@@ -243,6 +282,7 @@ int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 			if (s[i].done == op->len || res == 0) {
 				op->res = (int64_t)s[i].done;
 				s[i].finished = 1;
+				fin[nfin++] = i;
 				left--;
 				continue;
 			}
@@ -254,6 +294,7 @@ int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 				 * never spin: report it as an I/O error. */
 				op->res = -EIO;
 				s[i].finished = 1;
+				fin[nfin++] = i;
 				left--;
 				continue;
 			}
@@ -263,6 +304,38 @@ int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 			resub++;
 		}
 		io_uring_cq_advance(&e->ring, seen);
+		/* The caller's work runs with the CQ ring already freed. */
+		for (unsigned k = 0; done && k < nfin; k++)
+			done(h->arg, fin[k]);
+		nfin = 0;
+		if (!producing)
+			continue;
+produce:
+		{
+			unsigned r = more(h->arg, ready, &last);
+
+			if (r > n)
+				r = n;
+			if (r < ready)
+				r = ready;
+			for (unsigned i = ready; i < r; i++) {
+				if (!op_invalid(&ops[i]) &&
+				    !(ops[i].flags & URING_OP_F_LINK))
+					continue;
+				ops[i].res = -EINVAL;
+				s[i].finished = 1;
+				left--;
+				if (done)
+					done(h->arg, i);
+			}
+			if (r == ready && !last)
+				last = 1; /* no progress: take it as the end */
+			if (last) {
+				left -= n - r;
+				n = r;
+			}
+			ready = r;
+		}
 	}
 	for (unsigned i = 0; i < n; i++) {
 		if (first_err)
@@ -273,7 +346,10 @@ int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n)
 			 (size_t)ops[i].res != ops[i].len)
 			first_err = -EIO;
 	}
+	if (n_out)
+		*n_out = n;
 	free(s);
+	free(fin);
 	return first_err;
 
 out_drain:
@@ -286,6 +362,12 @@ out_drain:
 		io_uring_cqe_seen(&e->ring, cqe);
 		inflight--;
 	}
+	for (unsigned i = 0; done && i < ready; i++)
+		if (!s[i].finished)
+			done(h->arg, i);
+	if (n_out)
+		*n_out = ready;
 	free(s);
+	free(fin);
 	return first_err;
 }

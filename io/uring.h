@@ -86,6 +86,39 @@ void *uring_engine_buf(struct uring_engine *e, size_t *len);
  */
 int uring_engine_run(struct uring_engine *e, struct uring_op *ops, unsigned n);
 
+/*
+ * Hooks that let a caller overlap its own work with the I/O of one run.
+ * Both run in the calling thread, between waits for completions.
+ */
+struct uring_hooks {
+	/*
+	 * May be NULL: all @n ops are ready at the start.  Otherwise called
+	 * first with @ready 0, then each time every ready op has been issued
+	 * while earlier ones are still in flight: prepare ops from index
+	 * @ready on (encode their buffers, say) and return how many are ready
+	 * now (a batch, issued with one submission).  Set *@last when no op
+	 * will follow: the run then ends at the returned count (ops past it
+	 * are never looked at and their res is left alone); returning @ready
+	 * itself ends it too.  Ops made ready this way cannot be linked
+	 * (URING_OP_F_LINK).
+	 */
+	unsigned (*more)(void *arg, unsigned ready, int *last);
+	/* May be NULL.  Called once per op as soon as it finished (its res
+	 * set), so the caller can use its buffer while others fly. */
+	void (*done)(void *arg, unsigned i);
+	void *arg;
+};
+
+/*
+ * uring_engine_run() with hooks (@h may be NULL).  An op made ready by
+ * more() that is invalid gets res -EINVAL and is not issued.  Returns as
+ * uring_engine_run() over the ops that were made ready; *@n_out (may be
+ * NULL) receives their count.
+ */
+int uring_engine_run_hooks(struct uring_engine *e, struct uring_op *ops,
+			   unsigned n, const struct uring_hooks *h,
+			   unsigned *n_out);
+
 void uring_engine_get_stats(const struct uring_engine *e,
 			    struct uring_engine_stats *st);
 

@@ -7,7 +7,7 @@
  *   hbm       cudaMalloc region, or    yes (device,   no
  *             host memory w/o CUDA      or host)
  *   host      pinned jemalloc arena    yes (host)     no
- *   nvme      O_DIRECT files/io_uring  no             yes
+ *   nvme      O_DIRECT slabs/io_uring  no             yes
  *   fault     wraps any of the above   as inner       as inner
  *
  * Tiers know nothing of rotations or bitmaps: a payload is bytes, a
@@ -87,9 +87,11 @@ struct tier;
 /*
  * scan callback: one persisted object found (status 0, @o a new handle the
  * callback adopts by returning 0; any other return makes the scan drop the
- * handle but keep the file), or one that is unusable (status -MKV_ECORRUPT
- * for a failed check, -EINPROGRESS for an incomplete write; @o NULL, @m as
- * far as it could be parsed or NULL, @name the file name).
+ * handle but keep the stored copy), or one that is unusable (status
+ * -MKV_ECORRUPT for a failed check, -EINPROGRESS for an incomplete write;
+ * @o NULL, @m as far as it could be parsed or NULL, @name where it lies:
+ * nvme names "slab-NNNNNN.mkv@0xOFFSET", or an interrupted slab file).
+ * Callbacks run with no tier lock held and may call the tier (drop).
  */
 typedef int (*tier_scan_cb)(void *arg, int status, const char *name,
 			    const struct tier_meta *m, struct tier_obj *o);
@@ -106,9 +108,9 @@ struct tier_ops {
 	int (*put)(struct tier *t, struct tier_io *io, const struct tier_meta *m,
 		   const void *src, struct tier_obj **out);
 	/*
-	 * put() of @n payloads as one batch (nvme: every frame's
-	 * write→fdatasync chain in one ring submission, then the renames and
-	 * one directory fsync).  rcs[i] gets each put's 0 or -errno, out[i]
+	 * put() of @n payloads as one batch (nvme: the frames written as
+	 * they are encoded, a few MiB per ring submission, then one group
+	 * commit).  rcs[i] gets each put's 0 or -errno, out[i]
 	 * its handle.  Returns 0 if all succeeded, else the first error.
 	 * May be NULL: put() each.
 	 */
@@ -151,16 +153,18 @@ struct tier_ops {
 	 * until drop.  May be NULL: the tier is not addressable (nvme).
 	 */
 	void *(*addr)(struct tier *t, struct tier_obj *o);
-	/* Remove and free @o (the file too, for nvme).  Never fails. */
+	/* Remove and free @o (nvme: its frame too, durably).  Never fails. */
 	void (*drop)(struct tier *t, struct tier_io *io, struct tier_obj *o);
 	/*
-	 * Free the handle @o but keep what it names (a persistent tier's file
+	 * Free the handle @o but keep what it names (a persistent tier's frame
 	 * stays for a later scan).  May be NULL: same as drop.
 	 */
 	void (*forget)(struct tier *t, struct tier_obj *o);
 	/*
 	 * Enumerate what a persistent tier already holds (reopen).  Returns
-	 * the number of objects adopted, or -errno.  May be NULL.
+	 * the number of objects adopted, or -errno.  nvme: only what was
+	 * there at create is enumerated, once; a second scan finds nothing.
+	 * May be NULL.
 	 */
 	int (*scan)(struct tier *t, struct tier_io *io, tier_scan_cb cb,
 		    void *arg);
@@ -288,16 +292,42 @@ void *host_tier_alloc_pinned(struct tier *t, size_t len);
 void host_tier_free_pinned(struct tier *t, void *p);
 
 /*
- * nvme: one file per payload in directory @dir (created if missing), framed
- * by io/segfile, written and read with O_DIRECT through io_uring.  put()
- * writes "<name>.tmp", fdatasyncs it, renames it to "<name>.seg" and
- * fsyncs the directory: on return 0 the payload is durable and a crash at
- * any point leaves either no file, a ".tmp" (ignored and removed by scan)
- * or the complete ".seg".  @lz4: compress frames where it saves >= 10%.
+ * nvme: payloads framed by io/segfile, packed into a few large preallocated
+ * slab files ("slab-NNNNNN.mkv") in directory @dir (created if missing),
+ * written and read with O_DIRECT through io_uring.  A put writes its frames
+ * into free extents of the slabs and joins a group commit (one fdatasync
+ * per written slab, shared by the puts and drops in flight): on return 0
+ * the payload is durable.  drop overwrites the frame's header with zeros,
+ * durably, before its extent is reused, so a dropped frame never comes
+ * back; a crash mid-write leaves older frames intact and the new one
+ * failing its checksum.  scan adopts the complete frames of the slabs that
+ * were there at create (until then those slabs take no new frames) and
+ * reports the others; see nvme.c for the whole argument.  Slabs are 1 GiB
+ * (less if @capacity is smaller); the first is made here when @dir has
+ * none, others as needed while their total is below @capacity.  @lz4: compress frames where it saves >= 10%.
  * Returns 0, -EINVAL, -ENOMEM, or -errno of mkdir/open.
  */
 int nvme_tier_create(const char *dir, size_t capacity, int lz4,
 		     struct tier **out);
+/* As nvme_tier_create, with slabs of @slab_bytes (rounded up to 4 KiB;
+ * 0: the default). */
+int nvme_tier_create2(const char *dir, size_t capacity, int lz4,
+		      size_t slab_bytes, struct tier **out);
+
+/* What the nvme tier's slabs look like now (tests, tools). */
+struct nvme_tier_info {
+	unsigned slabs;
+	uint64_t slab_bytes;    /* all slabs together */
+	uint64_t free_bytes;    /* free extents of the scanned slabs */
+	uint64_t free_extents;
+	uint64_t largest_free;
+	uint64_t quarantined;   /* bytes withheld from reuse after a failed
+				 * scrub or an unreadable range */
+	uint64_t syncs;         /* group-commit rounds (fdatasync batches) */
+	uint64_t commits;       /* callers that waited for one */
+};
+/* Returns 0, or -EINVAL (NULL, or @t is not an nvme tier). */
+int nvme_tier_get_info(const struct tier *t, struct nvme_tier_info *info);
 
 /*
  * fault: wraps @inner (taking ownership) and injects failures; tests only.

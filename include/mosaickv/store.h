@@ -16,9 +16,10 @@
  *                  impossible to dlopen): it is used when the program
  *                  links or preloads it, else a built-in size-class
  *                  allocator carves the same pinned chunks;
- *   MKV_TIER_NVME  one self-describing, checksummed file per segment in a
- *                  directory, written and read with O_DIRECT through
- *                  io_uring, lz4-compressed where that saves >= 10%.
+ *   MKV_TIER_NVME  self-describing, checksummed frames packed into a few
+ *                  preallocated slab files in a directory, written and
+ *                  read with O_DIRECT through io_uring, lz4-compressed
+ *                  where that saves >= 10% (docs/NVME.md).
  *
  * Segments are keyed by (sequence, layer, KV head, segment, kind).  The
  * store treats a segment as an opaque payload (the bytes of
@@ -27,13 +28,13 @@
  * selects can be fetched without the rest.
  *
  * Moving a segment (demotion HBM -> host -> NVMe, or promotion) copies it
- * to the destination, makes the copy durable (NVMe: O_DIRECT write,
- * fdatasync, rename, directory fsync), reads the copy back and compares
- * its XXH3-64 with the hash taken when the segment entered the store, and
- * only then drops the source copy.  Any failure (ENOSPC, EIO, a short
- * write or read, a flipped bit, pinned memory or HBM exhausted) leaves the
- * segment where it was, counts the error in the stats and reports it to
- * the move's callback.
+ * to the destination, makes the copy durable (NVMe: O_DIRECT write, then
+ * a group-commit fdatasync shared by the moves in flight), reads the copy
+ * back and compares its XXH3-64 with the hash taken when the segment
+ * entered the store, and only then drops the source copy.  Any failure
+ * (ENOSPC, EIO, a short write or read, a flipped bit, pinned memory or HBM
+ * exhausted) leaves the segment where it was, counts the error in the
+ * stats and reports it to the move's callback.
  *
  * Asynchronous calls follow one contract (SPDK's): when the submitting
  * call returns 0 the callback runs exactly once, on a store worker thread,
@@ -146,11 +147,12 @@ MKV_API int mkv_store_opts_init(struct mkv_store_opts *o, size_t size);
 struct mkv_store;
 
 /*
- * Create a store.  With o->nvme_dir set, every complete segment file
- * already in the directory is verified (checksum and payload hash) and
- * adopted in the NVMe tier; incomplete ones (interrupted spills) are
- * removed and corrupt ones are left on disk, both counted in
- * mkv_store_stats.reopen_incomplete / reopen_corrupt and never returned.
+ * Create a store.  With o->nvme_dir set, every complete segment frame
+ * already in the directory's slab files is verified (checksum and payload
+ * hash) and adopted in the NVMe tier; frames that fail a check (torn by a
+ * crash mid-spill, or corrupted since) are counted in
+ * mkv_store_stats.reopen_corrupt, interrupted slab creations (removed) in
+ * reopen_incomplete; neither is ever returned, and their space is reused.
  * Returns 0 with the store in *@out, or:
  *   -EINVAL   NULL pointers, a bad options size, a zero budget, workers or
  *             io_depth out of range, bad watermarks, half-life or
@@ -167,7 +169,7 @@ MKV_API int mkv_store_create(const struct mkv_store_opts *o,
 /*
  * Wait for every submitted asynchronous operation to complete (their
  * callbacks run), stop the workers and free the store.  Segments in HBM
- * and host memory are gone; NVMe segment files stay for a later reopen.
+ * and host memory are gone; NVMe segments stay for a later reopen.
  * Outstanding struct mkv_fetch objects must have been destroyed first.
  * NULL is accepted.
  */
@@ -234,7 +236,8 @@ MKV_API int mkv_store_get_segment(struct mkv_store *s,
 				  struct mkv_segment **out);
 
 /*
- * Remove @k from the store (every tier's copy; its NVMe file too).
+ * Remove @k from the store (every tier's copy; its NVMe frame too,
+ * durably: a reopen never finds it again).
  * Returns 0, -EINVAL, -ENOENT, or -EBUSY (pinned, or a move is under way:
  * retry after it completes).
  */

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 
 #include <mosaickv/common.h>
+#include "io/segfile.h"
 #include "storeutil.h"
 
 static struct mkv_store *open_store(const char *dir, struct mkv_store_opts *o)
@@ -294,8 +295,8 @@ Test(store, pins_block_moves)
 	free(p);
 }
 
-/* Reopen lists every complete segment, reads it back, reports corrupt and
- * incomplete files without returning them. */
+/* Reopen lists every complete segment, reads it back, reports a corrupt
+ * frame and an interrupted slab creation without returning them. */
 Test(store, reopen_lists_complete_segments)
 {
 	char dir[256];
@@ -318,22 +319,30 @@ Test(store, reopen_lists_complete_segments)
 	free(hp);
 	mkv_store_destroy(s);
 
-	/* Corrupt one file's payload, leave an interrupted spill. */
-	DIR *d = opendir(dir);
-	struct dirent *de;
-	char victim[512] = "";
-	while ((de = readdir(d)))
-		if (strstr(de->d_name, ".seg") && !victim[0])
-			snprintf(victim, sizeof victim, "%s/%s", dir, de->d_name);
-	closedir(d);
-	int fd = open(victim, O_RDWR);
-	char c;
-	cr_assert_eq(pread(fd, &c, 1, 1000), 1);
-	c ^= 1;
-	cr_assert_eq(pwrite(fd, &c, 1, 1000), 1);
+	/* Corrupt one frame's payload in the slab (the first header found
+	 * by a plain walk), and leave an interrupted slab creation. */
+	char slab[512];
+	snprintf(slab, sizeof slab, "%s/slab-000000.mkv", dir);
+	int fd = open(slab, O_RDWR | O_DIRECT);
+	cr_assert_geq(fd, 0);
+	unsigned char *blk = aligned_alloc(4096, 1 << 20);
+	cr_assert_eq(pread(fd, blk, 1 << 20, 0), 1 << 20);
+	off_t victim = -1;
+	for (size_t q = 0; q < (1 << 20) && victim < 0; q += 4096) {
+		struct segfile_meta sm;
+		if (segfile_parse_header(blk + q, 4096, &sm) == 0 &&
+		    sm.place == q)
+			victim = (off_t)q;
+	}
+	cr_assert_geq(victim, 0);
+	cr_assert_eq(pread(fd, blk, 4096, victim), 4096);
+	blk[1000] ^= 1;
+	cr_assert_eq(pwrite(fd, blk, 4096, victim), 4096);
+	cr_assert_eq(fsync(fd), 0);
 	close(fd);
+	free(blk);
 	char tmp[512];
-	snprintf(tmp, sizeof tmp, "%s/0000000000000028-3-1-63-1-ff.tmp", dir);
+	snprintf(tmp, sizeof tmp, "%s/slab-000005.mkv.tmp", dir);
 	fd = open(tmp, O_CREAT | O_WRONLY, 0600);
 	close(fd);
 

@@ -4,14 +4,16 @@
  * sequence tests under ThreadSanitizer: Criterion's fork arena cannot be
  * set up under TSan (Snaipe/Criterion#274), so the TSan build compiles the
  * same test source against this header and runs every test in-process.
- * Supports what tests/seq and the store stress test use: Test(),
- * cr_assert(), cr_assert_eq/gt/leq(), cr_skip_test().
+ * Supports what tests/seq, the store stress test and the nvme tier test
+ * use: Test(), cr_assert(), cr_assert_eq/neq/gt/geq/lt/leq/null/str_eq(),
+ * cr_skip_test().
  */
 #ifndef MKV_MINI_CRITERION_H
 #define MKV_MINI_CRITERION_H
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The optional message of an assertion (may be empty, hence no format
  * attribute: an empty format is what cr_assert(x) passes). */
@@ -52,6 +54,11 @@ extern int mini_ntests;
 #define cr_assert_eq(a, b, ...) cr_assert((a) == (b), __VA_ARGS__)
 #define cr_assert_gt(a, b, ...) cr_assert((a) > (b), __VA_ARGS__)
 #define cr_assert_leq(a, b, ...) cr_assert((a) <= (b), __VA_ARGS__)
+#define cr_assert_lt(a, b, ...) cr_assert((a) < (b), __VA_ARGS__)
+#define cr_assert_geq(a, b, ...) cr_assert((a) >= (b), __VA_ARGS__)
+#define cr_assert_neq(a, b, ...) cr_assert((a) != (b), __VA_ARGS__)
+#define cr_assert_null(p, ...) cr_assert((p) == NULL, __VA_ARGS__)
+#define cr_assert_str_eq(a, b, ...) cr_assert(strcmp((a), (b)) == 0, __VA_ARGS__)
 #define cr_skip_test(...)                                                      \
 	do {                                                                   \
 		mini_msg("skipped: " __VA_ARGS__);                             \
