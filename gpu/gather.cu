@@ -271,32 +271,46 @@ extern "C" struct gpu_piece *gpu_gather_ctx_table(struct gpu_gather_ctx *c,
 	return c->host;
 }
 
-extern "C" int gpu_gather_ctx_run(struct gpu_gather_ctx *c, uint32_t n,
-				  void *dst)
+extern "C" int gpu_gather_ctx_launch(struct gpu_gather_ctx *c, uint32_t first,
+				     uint32_t n, void *dst)
 {
 	uint64_t max_len = 0;
 	int rc;
 
-	if (!c || n > c->cap || (!dst && n))
+	if (!c || first > c->cap || n > c->cap - first || (!dst && n))
 		return -EINVAL;
 	if (!n)
 		return 0;
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = first; i < first + n; i++)
 		if (c->host[i].len > max_len)
 			max_len = c->host[i].len;
 	GATHER_CK(cudaSetDevice(c->dev));
 	if (c->upload)
-		GATHER_CK(cudaMemcpyAsync(c->dev_tab, c->host,
+		GATHER_CK(cudaMemcpyAsync(c->dev_tab + first, c->host + first,
 					  (size_t)n * sizeof(struct gpu_piece),
 					  cudaMemcpyHostToDevice, c->stream));
-	rc = gather_launch(c->upload ? c->dev_tab : c->host, n, max_len, dst,
-			   c->stream);
+	rc = gather_launch((c->upload ? c->dev_tab : c->host) + first, n,
+			   max_len, dst, c->stream);
 	if (rc) {
 		/* the table copy may still be reading c->host */
 		(void)cudaStreamSynchronize(c->stream);
 		(void)cudaGetLastError();
-		return rc;
 	}
+	return rc;
+}
+
+extern "C" int gpu_gather_ctx_wait(struct gpu_gather_ctx *c)
+{
+	if (!c)
+		return -EINVAL;
 	GATHER_CK(cudaStreamSynchronize(c->stream));
 	return 0;
+}
+
+extern "C" int gpu_gather_ctx_run(struct gpu_gather_ctx *c, uint32_t n,
+				  void *dst)
+{
+	int rc = gpu_gather_ctx_launch(c, 0, n, dst);
+
+	return rc ? rc : (n ? gpu_gather_ctx_wait(c) : 0);
 }

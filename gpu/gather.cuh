@@ -90,6 +90,16 @@ GPU_HIDDEN int gpu_gather_ctx_set_upload(struct gpu_gather_ctx *c, int upload);
  */
 GPU_HIDDEN int gpu_gather_ctx_run(struct gpu_gather_ctx *c, uint32_t n,
 				  void *dst);
+/*
+ * gpu_gather_ctx_run in parts, so that the caller's CPU work overlaps the
+ * copy: launch queues pieces @first..@first+@n-1 of the table (several
+ * launches may cover disjoint parts of it, and those pieces must not
+ * change until wait returns); wait returns 0 once every queued piece is in
+ * @dst, or the first -errno.  A launch that failed needs no wait.
+ */
+GPU_HIDDEN int gpu_gather_ctx_launch(struct gpu_gather_ctx *c, uint32_t first,
+				     uint32_t n, void *dst);
+GPU_HIDDEN int gpu_gather_ctx_wait(struct gpu_gather_ctx *c);
 
 #ifdef __cplusplus
 }

@@ -432,7 +432,8 @@ static void seg_meta(const struct seg *g, struct tier_meta *m)
 	m->hash = g->hash;
 }
 
-/* Moves in one batch at most (NVMe: 2 SQEs each, write -> fdatasync). */
+/* Moves in one batch at most (NVMe: one putv, its frames' writes in
+ * flight together, then one group-commit fdatasync per slab). */
 #define MOVE_BATCH 32
 
 struct move_item {
@@ -449,10 +450,11 @@ struct move_item {
  * Move @n segments (each already set MOVING_* by the caller, under the
  * lock) to tier @dst as one batch: sources read (in place for host
  * memory, else read back and checked against the hash), one batched put
- * below (tier_putv: for NVMe all the write->fdatasync chains in one ring
- * submission), one batched read-back (tier_getv) whose bytes must match
- * the hash, then per segment the commit (waiting out readers of the
- * source) and only then the source's drop.  rcs[i] gets each segment's
+ * below (tier_putv: for NVMe every frame's writes in flight together and
+ * one shared fdatasync per slab written), one batched read-back
+ * (tier_getv) whose bytes must match the hash, then per segment the
+ * commit (waiting out readers of the source) and only then the source's
+ * drop.  rcs[i] gets each segment's
  * 0 or -errno; every segment ends RESIDENT, in @dst on success and where
  * it was otherwise.  Returns the first error.
  */
@@ -1927,56 +1929,8 @@ void mkv_fetch_destroy(struct mkv_fetch *f)
 	free(f);
 }
 
-#if MKV_HAVE_CUDA
-/*
- * The host-tier part of a fetch by the gather kernel: the @nr ranges of
- * @gr read in place from the pinned chunks (mapped: the host address is
- * the device address) into dev_staging from @base on, back to back as
- * tier_gatherv() packs them.  Returns 0, or -errno: the caller then packs
- * them on the CPU instead, and a context whose run failed is dropped for
- * good (a device error is no reason to retry it on every step).
- */
-static int fetch_gather_host(struct mkv_fetch *f,
-			     const struct tier_gather_req *gr, unsigned ng,
-			     unsigned nr, uint64_t base, uint64_t bytes)
-{
-	struct tier *t = f->s->tiers[MKV_TIER_HOST];
-	struct gpu_piece *pc;
-	uint64_t pos = base;
-	uint32_t np = 0;
-	int rc;
-
-	if (!f->gather)
-		return -ENOTSUP;
-	pc = gpu_gather_ctx_table(f->gather, nr);
-	if (!pc)
-		return -ENOMEM;
-	for (unsigned i = 0; i < ng; i++) {
-		const char *p = tier_addr(t, gr[i].obj);
-
-		if (!p)
-			return -EINVAL;
-		for (unsigned k = 0; k < gr[i].n; k++) {
-			if (!gr[i].r[k].len)
-				continue;
-			pc[np++] = (struct gpu_piece){ p + gr[i].r[k].off, pos,
-						       gr[i].r[k].len };
-			pos += gr[i].r[k].len;
-		}
-	}
-	if (pos - base != bytes)
-		return -EIO;
-	rc = gpu_gather_ctx_run(f->gather, np, f->dev_staging);
-	if (rc) {
-		gpu_gather_ctx_destroy(f->gather);
-		f->gather = NULL;
-		return rc;
-	}
-	atomic_fetch_add(&t->st.gathers, 1);
-	atomic_fetch_add(&t->st.bytes_out, bytes);
-	return 0;
-}
-#endif
+/* Pieces per gather launch while a fetch is still resolving its blocks. */
+#define FETCH_LAUNCH_PIECES 1024
 
 /* Whether tier @t's bytes can be handed out in place by this store. */
 static bool in_place(const struct mkv_store *s, int t)
@@ -1994,6 +1948,15 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	size_t total_blocks = 0, staged_bytes = 0, staged = 0, o = 0;
 	uint64_t tier_bytes[MKV_TIER_COUNT] = { 0 };
 	int64_t rc = 0;
+	/* Host-tier blocks gathered by the kernel: their pieces are laid out
+	 * while resolving (phase 1), and the kernel runs while the rest of
+	 * the fetch does its bookkeeping. */
+	struct gpu_piece_ref { const char *src; uint64_t dst, len; } *pcs = NULL;
+	uint32_t npc = 0;
+	bool kernel = false, launched = false, break_kernel = false;
+#if MKV_HAVE_CUDA
+	uint32_t nlaunched = 0;
+#endif
 
 	if (!f || (!req && n) || !out)
 		return -EINVAL;
@@ -2006,6 +1969,8 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 				return -EINVAL;
 		total_blocks += req[i].n_blocks;
 	}
+	if (total_blocks > UINT32_MAX / 2)
+		return -EINVAL;
 	mkv_fetch_release(f);
 	if (f->cap_soff < total_blocks) {
 		uint64_t *p = realloc(f->soff, total_blocks * sizeof *p);
@@ -2028,8 +1993,24 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		f->pinned = p;
 		f->cap_pinned = n;
 	}
+#if MKV_HAVE_CUDA
+	/* The table is pinned memory: grow it outside the lock.  Its layout
+	 * matches struct gpu_piece (checked below). */
+	if (f->gather && s->gpu >= 0 && total_blocks) {
+		pcs = (struct gpu_piece_ref *)gpu_gather_ctx_table(
+			f->gather, (uint32_t)(2 * total_blocks));
+		kernel = pcs != NULL;
+	}
+	_Static_assert(sizeof(struct gpu_piece_ref) == sizeof(struct gpu_piece),
+		       "piece layout");
+#endif
 
-	/* Phase 1, under the lock: resolve, pin, lay out the staging. */
+	/*
+	 * Phase 1, under the lock: resolve, pin, lay out the staging.  Staged
+	 * bytes are ordered host tier first, then NVMe, each in request order
+	 * (HBM blocks are never staged), so host offsets start at 0 and are
+	 * known here.
+	 */
 	pthread_mutex_lock(&s->lock);
 	for (size_t i = 0; i < n; i++) {
 		struct seg *g = dir_find(s, &req[i].key, false);
@@ -2047,6 +2028,20 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		segs[i] = g;
 		g->pins++; /* nothing moves or goes while we read it */
 		f->pinned[f->n_pinned++] = g;
+		/* Per segment, not per block: a fetch touches thousands of
+		 * blocks, and these were a sixth of its CPU time. */
+		const bool here = in_place(s, g->tier);
+		const bool gath = !here && kernel && g->tier == MKV_TIER_HOST;
+		char *const base = here || gath ? tier_addr(s->tiers[g->tier], g->obj)
+					       : NULL;
+		const uint8_t here_dev = (uint8_t)(s->tiers[g->tier]->device ||
+						   (g->tier == MKV_TIER_HOST &&
+						    s->host_mapped));
+
+		if (gath && !base) {
+			rc = -EIO;
+			break;
+		}
 		for (uint32_t b = 0; b < req[i].n_blocks; b++) {
 			uint32_t j = req[i].blocks[b];
 			struct tier_range r[2];
@@ -2064,26 +2059,54 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 				a->bitmaps = p + r[0].len;
 				a->tier = MKV_TIER_HBM;
 				a->device = (uint8_t)s->tiers[MKV_TIER_HBM]->device;
-			} else if (in_place(s, g->tier)) {
-				char *p = tier_addr(s->tiers[g->tier], g->obj);
+				continue;
+			}
+			a->tier = (uint8_t)g->tier;
+			if (here) {
+				a->values = base + r[0].off;
+				a->bitmaps = base + r[1].off;
+				a->device = here_dev;
+				continue;
+			}
+			/* staged: host offsets now, NVMe ones in phase 2 */
+			a->values = a->bitmaps = NULL;
+			a->device = 0;
+			if (gath) {
+				uint64_t at = tier_bytes[MKV_TIER_HOST];
 
-				a->values = p + r[0].off;
-				a->bitmaps = p + r[1].off;
-				a->tier = (uint8_t)g->tier;
-				a->device = (uint8_t)(s->tiers[g->tier]->device ||
-						      (g->tier == MKV_TIER_HOST &&
-						       s->host_mapped));
+				f->soff[o - 1] = at;
+				if (r[0].len)
+					pcs[npc++] = (struct gpu_piece_ref){
+						base + r[0].off, at, r[0].len };
+				if (r[1].len)
+					pcs[npc++] = (struct gpu_piece_ref){
+						base + r[1].off, at + r[0].len,
+						r[1].len };
 			} else {
-				/* staged: offset assigned below, per tier */
 				f->soff[o - 1] = 0;
-				a->values = a->bitmaps = NULL;
-				a->tier = (uint8_t)g->tier;
-				a->device = 0;
-				tier_bytes[g->tier] += r[0].len + r[1].len;
-				staged_bytes += r[0].len + r[1].len;
-				staged++;
+			}
+			tier_bytes[g->tier] += r[0].len + r[1].len;
+			staged_bytes += r[0].len + r[1].len;
+			staged++;
+		}
+#if MKV_HAVE_CUDA
+		/* Start copying what is laid out so far, so that the rest of
+		 * this phase runs beside the kernel (a few launches: each
+		 * costs microseconds of CPU).  Bounded by the staging size
+		 * first: nothing may land past it. */
+		if (kernel && npc - nlaunched >= FETCH_LAUNCH_PIECES &&
+		    tier_bytes[MKV_TIER_HOST] <= f->staging_len) {
+			if (gpu_gather_ctx_launch(f->gather, nlaunched,
+						  npc - nlaunched,
+						  f->dev_staging) == 0) {
+				launched = true;
+				nlaunched = npc;
+			} else {
+				kernel = false; /* the rest is packed */
+				break_kernel = true;
 			}
 		}
+#endif
 	}
 	if (!rc && staged_bytes > f->staging_len)
 		rc = -ENOSPC;
@@ -2091,16 +2114,32 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	if (rc)
 		goto fail;
 
+#if MKV_HAVE_CUDA
 	/*
-	 * Phase 2: one gathered transfer per source tier.  The staging holds
-	 * the host-tier blocks, then the NVMe blocks, each in request order;
-	 * host blocks are packed with memcpy, NVMe blocks come from one ring
-	 * submission covering every extent of every segment (gatherv).  With
-	 * CUDA, one host-to-device copy of the whole staging follows -- except
-	 * that host blocks go straight to the device staging with one gather
-	 * kernel reading the mapped pinned chunks (fetch_gather_host), the
-	 * packed path remaining the fallback on any error.
-	 * The segments are pinned: their tier and copy cannot change.
+	 * The remaining pieces.  A launch that fails leaves the host blocks
+	 * to the packed path below (all of them: the packed copy rewrites
+	 * the ones already queued with the same bytes), and the context is
+	 * dropped for good after the wait (a device error is no reason to
+	 * retry it on every step).
+	 */
+	if (!break_kernel && npc > nlaunched) {
+		if (gpu_gather_ctx_launch(f->gather, nlaunched, npc - nlaunched,
+					  f->dev_staging) == 0) {
+			launched = true;
+			nlaunched = npc;
+		} else {
+			break_kernel = true;
+		}
+	}
+#endif
+
+	/*
+	 * Phase 2: one gathered transfer per source tier for what the kernel
+	 * does not move: NVMe blocks from one ring submission covering every
+	 * extent of every segment (gatherv), host blocks packed with memcpy
+	 * when there is no kernel.  With CUDA, one host-to-device copy of the
+	 * packed part follows.  The segments are pinned: their tier and copy
+	 * cannot change.
 	 */
 	if (staged) {
 		uint64_t base[MKV_TIER_COUNT], pos, on_dev = 0;
@@ -2108,13 +2147,16 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		base[0] = 0;
 		for (int t = 1; t < MKV_TIER_COUNT; t++)
 			base[t] = base[t - 1] + tier_bytes[t - 1];
+		if (launched && !break_kernel)
+			on_dev = base[MKV_TIER_HOST] + tier_bytes[MKV_TIER_HOST];
 		for (int t = 0; t < MKV_TIER_COUNT && !rc; t++) {
 			struct tier_gather_req *gr;
 			struct tier_range *rg;
 			unsigned ng = 0, nr = 0;
 			int64_t got;
 
-			if (!tier_bytes[t])
+			if (!tier_bytes[t] ||
+			    (t == MKV_TIER_HOST && launched && !break_kernel))
 				continue;
 			gr = calloc(n, sizeof *gr);
 			rg = calloc(2 * total_blocks, sizeof *rg);
@@ -2147,16 +2189,6 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 					gr[ng++] = (struct tier_gather_req){
 						g->obj, &rg[r0], nr - r0 };
 			}
-#if MKV_HAVE_CUDA
-			if (t == MKV_TIER_HOST &&
-			    fetch_gather_host(f, gr, ng, nr, base[t],
-					      tier_bytes[t]) == 0) {
-				on_dev = base[t] + tier_bytes[t];
-				free(gr);
-				free(rg);
-				continue;
-			}
-#endif
 			got = tier_gatherv(s->tiers[t], &f->io, gr, ng,
 					   f->staging + base[t]);
 			if (got >= 0 && (uint64_t)got != tier_bytes[t])
@@ -2166,27 +2198,70 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 			free(gr);
 			free(rg);
 		}
-		/* What the kernel gathered (the host part: HBM blocks are
-		 * never staged, so it comes first) is on the device already. */
 		if (!rc && s->gpu >= 0 && staged_bytes > on_dev)
 			rc = tcuda_h2d(s->gpu, (char *)f->dev_staging + on_dev,
 				       f->staging + on_dev,
 				       staged_bytes - on_dev);
-		if (rc)
-			goto fail;
-		char *sbase = s->gpu >= 0 ? f->dev_staging : f->staging;
+		if (!rc) {
+			char *sbase = s->gpu >= 0 ? f->dev_staging : f->staging;
 
-		for (size_t b = 0; b < total_blocks; b++) {
-			if (f->soff[b] == UINT64_MAX)
-				continue;
-			out[b].values = sbase + f->soff[b];
-			out[b].bitmaps = sbase + f->soff[b] + out[b].values_bytes;
-			out[b].device = s->gpu >= 0;
+			for (size_t b = 0; b < total_blocks; b++) {
+				if (f->soff[b] == UINT64_MAX)
+					continue;
+				out[b].values = sbase + f->soff[b];
+				out[b].bitmaps = sbase + f->soff[b] +
+						 out[b].values_bytes;
+				out[b].device = s->gpu >= 0;
+			}
 		}
 	}
 
-	/* Phase 3: record the selection; keep pins only on segments whose
-	 * addresses were handed out in place (staged copies are ours). */
+	/* Phase 3a: record the selection while the kernel copies. */
+	pthread_mutex_lock(&s->lock);
+	if (!rc) {
+		if (step > s->step)
+			s->step = step;
+		for (size_t i = 0; i < n; i++) {
+			struct seg *g = segs[i];
+
+			policy_touch(&s->pol, &g->st, req[i].n_blocks, step);
+			for (uint32_t b = 0; b < req[i].n_blocks; b++)
+				policy_touch(&s->pol, &g->bst[req[i].blocks[b]], 1,
+					     step);
+		}
+		s->c.fetches++;
+		s->c.fetch_blocks += total_blocks;
+		s->c.fetch_blocks_staged += staged;
+	}
+	pthread_mutex_unlock(&s->lock);
+
+#if MKV_HAVE_CUDA
+	/* The kernel reads the pinned segments: wait before unpinning. */
+	if (launched) {
+		int wr = gpu_gather_ctx_wait(f->gather);
+
+		if (wr || break_kernel) {
+			gpu_gather_ctx_destroy(f->gather);
+			f->gather = NULL;
+			if (!rc && !break_kernel)
+				rc = wr;
+		} else {
+			struct tier *t = s->tiers[MKV_TIER_HOST];
+
+			atomic_fetch_add(&t->st.gathers, 1);
+			atomic_fetch_add(&t->st.bytes_out,
+					 tier_bytes[MKV_TIER_HOST]);
+		}
+	} else if (break_kernel) {
+		gpu_gather_ctx_destroy(f->gather);
+		f->gather = NULL;
+	}
+#endif
+	if (rc)
+		goto fail;
+
+	/* Phase 3b: keep pins only on segments whose addresses were handed
+	 * out in place (staged copies are ours). */
 	pthread_mutex_lock(&s->lock);
 	{
 		size_t keep = 0;
@@ -2204,23 +2279,17 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		}
 		f->n_pinned = keep;
 	}
-	if (step > s->step)
-		s->step = step;
-	for (size_t i = 0; i < n; i++) {
-		struct seg *g = segs[i];
-
-		policy_touch(&s->pol, &g->st, req[i].n_blocks, step);
-		for (uint32_t b = 0; b < req[i].n_blocks; b++)
-			policy_touch(&s->pol, &g->bst[req[i].blocks[b]], 1, step);
-	}
-	s->c.fetches++;
-	s->c.fetch_blocks += total_blocks;
-	s->c.fetch_blocks_staged += staged;
 	pthread_mutex_unlock(&s->lock);
 	free(segs);
 	return (int64_t)staged;
 
 fail:
+#if MKV_HAVE_CUDA
+	/* A launch made before a later error still reads the pinned
+	 * segments: let it finish before the pins go. */
+	if (launched && f->gather)
+		(void)gpu_gather_ctx_wait(f->gather);
+#endif
 	pthread_mutex_lock(&s->lock);
 	s->c.last_error = rc;
 	pthread_mutex_unlock(&s->lock);

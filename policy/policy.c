@@ -10,6 +10,8 @@ static double lrfu_decay(const struct policy *p, uint64_t from, uint64_t to)
 {
 	if (to <= from)
 		return 1.0;
+	if (to - from < POLICY_DECAY_TAB)
+		return p->decay_tab[to - from];
 	return exp2(-(double)(to - from) / p->half_life);
 }
 
@@ -55,6 +57,8 @@ int policy_init(struct policy *p, const struct policy_ops *ops,
 	memset(p, 0, sizeof *p);
 	p->ops = ops;
 	p->half_life = half_life;
+	for (int k = 0; k < POLICY_DECAY_TAB; k++)
+		p->decay_tab[k] = exp2(-(double)k / half_life);
 	for (int i = 0; i < POLICY_TIERS; i++) {
 		p->high_wm[i] = 0.90;
 		p->low_wm[i] = 0.75;

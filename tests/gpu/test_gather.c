@@ -156,6 +156,9 @@ Test(gather, context_from_device_and_host)
 		}
 		char *dst = gu_dev(dst_len);
 		GU_CK(cudaMemset(dst, FILL, dst_len));
+		/* The context's stream does not wait for the legacy stream's
+		 * memset: without this the fill could land after the copy. */
+		GU_CK(cudaDeviceSynchronize());
 		cr_assert_eq(gpu_gather_ctx_run(c, n, dst), 0);
 		check("context", seed, dst, ref, n, dst_len);
 		cudaFree(dst);
