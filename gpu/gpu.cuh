@@ -144,7 +144,8 @@ GPU_HIDDEN uint32_t *gpu_ws_counts(const struct gpu_attn_args *a, uint32_t head)
 
 /* --- Baselines ---------------------------------------------------------- */
 
-/* Dense flash-decoding over all n tokens plus the window. */
+/* Dense flash-decoding over all n tokens plus the window (tensor cores;
+ * flags & GPU_ATTN_CUDA_CORES: the first, CUDA-core kernel, to compare). */
 GPU_HIDDEN int gpu_attend_dense(const struct gpu_attn_args *a,
 				const struct gpu_dense_head *heads, cudaStream_t s);
 /* Quest: score blocks of quest_b on the dense bounds, same selection rule,
@@ -175,6 +176,26 @@ GPU_HIDDEN size_t gpu_seg_bytes(const struct mkv_packed_view *k,
 GPU_HIDDEN int gpu_seg_upload(const struct mkv_packed_view *k,
 			      const struct mkv_packed_view *v, void *dev,
 			      struct gpu_seg *out);
+
+/* --- Sequence images (seqbuf.cu) --------------------------------------- */
+
+/* Device bytes of a K/V pair in the layout above with room for @cap >= n
+ * tokens (an update buffer that gpu_append grows in place; cap = n for a
+ * closed segment).  0 when the views cannot be laid out (as gpu_seg_bytes,
+ * or different b, or n > cap). */
+GPU_HIDDEN size_t gpu_seg_cap_bytes(const struct mkv_packed_view *k,
+				    const struct mkv_packed_view *v, uint32_t cap);
+/*
+ * Write into host memory @img (gpu_seg_cap_bytes bytes; may be NULL: only
+ * describe) the device image of the pair: tokens [0, n) packed, summaries
+ * of their blocks, both rotations, zeros elsewhere.  *@out describes the
+ * arrays as they will be once the image is copied to device address @dev
+ * (256-byte aligned); out->n = n.  Host only: no CUDA call.  Returns 0 or
+ * -EINVAL.
+ */
+GPU_HIDDEN int gpu_seg_image(const struct mkv_packed_view *k,
+			     const struct mkv_packed_view *v, uint32_t cap, void *img,
+			     const void *dev, struct gpu_seg *out);
 
 /* --- Update buffer and prefill encoding --------------------------------- */
 

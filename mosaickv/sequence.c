@@ -6,75 +6,22 @@
  * Concurrency.  A sequence is driven by one caller thread; the store's
  * workers run finalization jobs.  A job owns a private copy of its raw
  * vectors and touches nothing of the sequence but the `done` list, under
- * `lock`.  The caller thread applies finished jobs (the swap) at its next
- * entry point, so the history it attends is only ever changed by itself,
- * between steps.  Lock order: seq->lock, then the store's locks (taken
- * inside store calls); a job never holds seq->lock while calling the store.
+ * `lock` (and, on a device, the mirror's thread-safe upload: the final
+ * segment's device copy travels in the `done` entry).  The caller thread
+ * applies finished jobs (the swap) at its next entry point, so the history
+ * it attends is only ever changed by itself, between steps; the device
+ * learns of a swap at the next device attend (seqgpu.c).  Prefill jobs
+ * (one per prefill segment, run by the workers and the caller alike)
+ * touch only their own job slot until the caller publishes them in order.
+ * Lock order: seq->lock, then the store's locks (taken inside store
+ * calls); a job never holds seq->lock while calling the store.
  */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"
+#include "seq_internal.h"
 #include "store_internal.h"
-#include <mosaickv/sequence.h>
-
-/* One history segment of one (layer, KV head). */
-struct hseg {
-	struct mkv_segment *k, *v; /* full (pending) or skeleton (final) */
-	uint32_t start, n;         /* token range */
-	uint32_t id;               /* segment index in the store key */
-	uint8_t final;             /* in the store; k/v hold no values */
-	uint8_t queued;            /* a finalization job is in flight */
-};
-
-/* A strategy to compress new tokens with: full d × d rotations (the first
- * d_keep rows are used), r, g, b. */
-struct strat {
-	float *Rk, *Rv;
-	uint32_t rk, rv, gk, gv, b;
-};
-
-struct lh {
-	struct hseg *segs;
-	size_t nsegs, cap;
-	/* The open segment (update buffer). */
-	struct mkv_segment *ok, *ov;
-	size_t okcap, ovcap;
-	uint32_t ostart;
-	struct strat open;          /* the open segment's strategy */
-	struct strat next;          /* strategy for the next open segment */
-	struct mkv_segstats *lk, *lv; /* loss of the open segment */
-	/* Raw float copies of tokens [raw_start, n). */
-	float *rawk, *rawv;
-	size_t raw_start, raw_cap;
-	uint32_t n;                 /* tokens held */
-	uint32_t next_id;
-};
-
-/* A finished finalization, published to the caller thread. */
-struct done {
-	struct done *next;
-	uint32_t layer, head, id;
-	int status;
-	struct mkv_segment *k, *v; /* skeletons on success */
-	struct strat st;           /* the final strategy on success */
-};
-
-struct mkv_seq {
-	struct mkv_store *store;
-	struct mkv_seq_opts o;
-	uint64_t id;
-	uint32_t d_keep;
-	struct lh *lh;               /* layers × kv_heads */
-	struct mkv_fetch *fetch;
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	struct done *done;           /* under lock */
-	uint32_t inflight;           /* under lock */
-	struct mkv_seq_stats st;
-	uint64_t step;
-};
 
 int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size)
 {
@@ -100,6 +47,7 @@ int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size)
 	o->store_dtype = MKV_DTYPE_BF16;
 	o->lag_cap = (size_t)256 << 20;
 	o->staging_bytes = (size_t)64 << 20;
+	o->device_attend = 1;
 	return 0;
 }
 
@@ -112,7 +60,7 @@ static bool seq_opts_valid(const struct mkv_seq_opts *o)
 	if (o->prefill_segment < 64 || o->prefill_segment > MKV_MAX_N ||
 	    o->max_segment == 0 || o->max_segment > MKV_MAX_N ||
 	    o->min_segment == 0 || o->min_segment > o->max_segment ||
-	    o->window > 4096 || o->drop > 1)
+	    o->window > 4096 || o->drop > 1 || o->device_attend > 1)
 		return false;
 	if (!(o->token_frac > 0 && o->token_frac <= 1) ||
 	    !(o->loss_threshold > 0 && o->loss_threshold <= 1) ||
@@ -152,7 +100,25 @@ static int strat_copy(struct strat *dst, const struct strat *src, uint32_t d)
 
 static struct lh *lh_of(struct mkv_seq *s, uint32_t layer, uint32_t head)
 {
-	return &s->lh[(size_t)layer * s->o.kv_heads + head];
+	return seq_lh(s, layer, head);
+}
+
+/* Give up @l's device copies: retired (freed after the last attend) when
+ * an attend may have read them, else dropped at once. */
+static void lh_drop_dev(struct mkv_seq *s, struct lh *l, bool attended)
+{
+	for (size_t i = 0; i < l->nsegs; i++) {
+		if (attended)
+			seqgpu_retire(s->gpu, l->segs[i].dev);
+		else
+			seqgpu_drop(s->gpu, l->segs[i].dev);
+		l->segs[i].dev = NULL;
+	}
+	if (attended)
+		seqgpu_retire(s->gpu, l->odev);
+	else
+		seqgpu_drop(s->gpu, l->odev);
+	l->odev = NULL;
 }
 
 static void lh_free(struct lh *l)
@@ -192,6 +158,11 @@ int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
 	rc = mkv_fetch_create(store, o->staging_bytes, &s->fetch);
 	if (rc)
 		goto fail;
+	rc = seqgpu_create(store_device(store), o, &s->gpu);
+	if (rc) {
+		mkv_fetch_destroy(s->fetch);
+		goto fail;
+	}
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	*out = s;
@@ -349,8 +320,7 @@ fail:
 static struct mkv_seg_key seg_key(const struct mkv_seq *s, uint32_t layer,
 				  uint32_t head, uint32_t id, enum mkv_kind kind)
 {
-	return (struct mkv_seg_key){.seq = s->id, .layer = layer, .head = head,
-				    .seg = id, .kind = (uint32_t)kind};
+	return seq_key(s, layer, head, id, kind);
 }
 
 /* Put a K/V pair in the store and strip them to skeletons.  On failure
@@ -450,14 +420,20 @@ static void job_run(void *arg)
 	struct mkv_seq *s = j->s;
 	struct done *d = j->d;
 	struct mkv_segment *ks = NULL, *vs = NULL;
+	struct dseg *dev = NULL;
 	int rc = encode_final(s, j->k, j->v, j->n, &ks, &vs, &d->st);
 	if (rc == 0) {
+		/* The device copy is made here, off the decode thread, before
+		 * store_pair strips the values; the swap only attaches it. */
+		dev = seqgpu_upload(s->gpu, ks, vs);
 		rc = store_pair(s, j->layer, j->head, j->id, ks, vs);
 		if (rc) {
 			mkv_segment_destroy(ks);
 			mkv_segment_destroy(vs);
+			seqgpu_drop(s->gpu, dev);
 			strat_free(&d->st);
 			ks = vs = NULL;
+			dev = NULL;
 		}
 	}
 	free(j->k);
@@ -468,6 +444,7 @@ static void job_run(void *arg)
 	d->status = rc;
 	d->k = ks;
 	d->v = vs;
+	d->dev = dev;
 	pthread_mutex_lock(&s->lock);
 	d->next = s->done;
 	s->done = d;
@@ -504,6 +481,10 @@ static void apply_done(struct mkv_seq *s)
 			h->k = d->k;
 			h->v = d->v;
 			h->final = 1;
+			/* The temporary device copy may still be read by an
+			 * attend in flight: freed in stream order. */
+			seqgpu_retire(s->gpu, h->dev);
+			h->dev = d->dev;
 			s->st.swaps++;
 			/* The final strategy becomes the next segment's. */
 			strat_free(&l->next);
@@ -515,6 +496,7 @@ static void apply_done(struct mkv_seq *s)
 			s->st.last_error = d->status ? d->status : -ENOENT;
 			mkv_segment_destroy(d->k);
 			mkv_segment_destroy(d->v);
+			seqgpu_drop(s->gpu, d->dev);
 		}
 		strat_free(&d->st);
 		free(d);
@@ -578,7 +560,8 @@ static int close_open(struct mkv_seq *s, struct lh *l, uint32_t layer,
 {
 	if (!l->ok || l->ok->v.n == 0)
 		return 0;
-	struct hseg h = {.k = l->ok, .v = l->ov, .start = l->ostart,
+	/* The update buffer's device copy becomes the pending segment's. */
+	struct hseg h = {.k = l->ok, .v = l->ov, .dev = l->odev, .start = l->ostart,
 			 .n = l->ok->v.n, .id = l->next_id};
 	/* Open the successor first so a failure leaves everything as it was. */
 	struct mkv_segment *ok = l->ok, *ov = l->ov;
@@ -593,6 +576,7 @@ static int close_open(struct mkv_seq *s, struct lh *l, uint32_t layer,
 		l->ov = ov;
 		return rc;
 	}
+	l->odev = NULL; /* the next device attend makes the new one */
 	l->next_id++;
 	return finalize(s, l, layer, head, &l->segs[l->nsegs - 1], sync);
 }
@@ -600,81 +584,185 @@ static int close_open(struct mkv_seq *s, struct lh *l, uint32_t layer,
 /* ---------------------------------------------------------------------- */
 /* Prefill */
 
-static int prefill_head(struct mkv_seq *s, uint32_t layer, uint32_t head,
-			const float *k, const float *v, size_t n)
+/*
+ * Prefill segments are independent: each is one job (convert its tokens,
+ * choose its strategy, encode, upload to the device, put in the store),
+ * run by the store's workers and by the calling thread alike, which then
+ * publishes them in order.  A batch is reference-counted because runners
+ * queued behind other work may start after the caller has finished every
+ * job itself (e.g. with the workers busy or paused); they then find
+ * nothing to do and drop their reference.
+ */
+struct pjob {
+	uint32_t head;
+	size_t a, m;          /* tokens [a, a + m) of the head */
+	struct hseg h;        /* on success: final, stored, skeletons */
+	struct strat st;      /* its strategy */
+	int rc;
+};
+
+struct pbatch {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct mkv_seq *s;
+	uint32_t layer;
+	const char *k, *v;    /* the caller's [kv_heads][n][d] of dt */
+	enum mkv_dtype dt;
+	size_t n;
+	struct pjob *jobs;
+	size_t njobs, next, done; /* under mu */
+	unsigned refs;            /* under mu */
+};
+
+static void pjob_run(struct pbatch *b, struct pjob *j)
 {
-	struct lh *l = lh_of(s, layer, head);
-	size_t ps = s->o.prefill_segment, d = s->o.d;
-	/* Full segments are final at once; the remainder (when there is at
-	 * least one full segment) starts the open segment. */
-	size_t nfull = n <= ps ? 1 : n / ps;
-	size_t covered = n <= ps ? n : nfull * ps;
-	struct strat last = {0};
-	int rc = 0;
-	for (size_t i = 0; i < nfull && rc == 0; i++) {
-		size_t a = i * ps, m = n <= ps ? n : ps;
-		struct hseg h = {.start = (uint32_t)a, .n = (uint32_t)m,
-				 .id = l->next_id, .final = 1};
-		strat_free(&last);
-		rc = encode_final(s, k + a * d, v + a * d, m, &h.k, &h.v, &last);
-		if (rc)
-			break;
-		rc = store_pair(s, layer, head, h.id, h.k, h.v);
-		if (rc == 0)
-			rc = lh_push(l, &h);
-		if (rc) {
-			mkv_segment_destroy(h.k);
-			mkv_segment_destroy(h.v);
+	struct mkv_seq *s = b->s;
+	size_t d = s->o.d, es = mkv_dtype_size(b->dt);
+	size_t off = ((size_t)j->head * b->n + j->a) * d * es;
+	float *kf = malloc(sizeof(float) * j->m * d), *vf = malloc(sizeof(float) * j->m * d);
+	int rc = -ENOMEM;
+	if (!kf || !vf)
+		goto out;
+	rc = -MKV_ENONFINITE;
+	if (!mkv_load_f32(kf, b->k + off, b->dt, j->m * d) ||
+	    !mkv_load_f32(vf, b->v + off, b->dt, j->m * d))
+		goto out;
+	rc = encode_final(s, kf, vf, j->m, &j->h.k, &j->h.v, &j->st);
+	if (rc)
+		goto out;
+	/* Upload before store_pair strips the values. */
+	j->h.dev = seqgpu_upload(s->gpu, j->h.k, j->h.v);
+	rc = store_pair(s, b->layer, j->head, j->h.id, j->h.k, j->h.v);
+	if (rc) {
+		mkv_segment_destroy(j->h.k);
+		mkv_segment_destroy(j->h.v);
+		seqgpu_drop(s->gpu, j->h.dev);
+		strat_free(&j->st);
+		j->h.k = j->h.v = NULL;
+		j->h.dev = NULL;
+	}
+out:
+	free(kf);
+	free(vf);
+	j->rc = rc;
+}
+
+static void pbatch_loop(struct pbatch *b)
+{
+	for (;;) {
+		pthread_mutex_lock(&b->mu);
+		if (b->next >= b->njobs) {
+			pthread_mutex_unlock(&b->mu);
+			return;
+		}
+		size_t i = b->next++;
+		pthread_mutex_unlock(&b->mu);
+		pjob_run(b, &b->jobs[i]);
+		pthread_mutex_lock(&b->mu);
+		if (++b->done == b->njobs)
+			pthread_cond_broadcast(&b->cv);
+		pthread_mutex_unlock(&b->mu);
+	}
+}
+
+static void pbatch_unref(struct pbatch *b)
+{
+	pthread_mutex_lock(&b->mu);
+	unsigned left = --b->refs;
+	pthread_mutex_unlock(&b->mu);
+	if (left)
+		return;
+	pthread_mutex_destroy(&b->mu);
+	pthread_cond_destroy(&b->cv);
+	free(b->jobs);
+	free(b);
+}
+
+static void pbatch_runner(void *arg)
+{
+	pbatch_loop(arg);
+	pbatch_unref(arg);
+}
+
+/* Run every job of @b on the workers and this thread; return when all are
+ * done (the caller still holds its reference). */
+static void pbatch_run(struct pbatch *b)
+{
+	size_t runners = b->njobs > 1 ? b->njobs - 1 : 0;
+	if (runners > 64)
+		runners = 64;
+	for (size_t i = 0; i < runners; i++) {
+		pthread_mutex_lock(&b->mu);
+		b->refs++;
+		pthread_mutex_unlock(&b->mu);
+		if (store_submit_call(b->s->store, pbatch_runner, b)) {
+			pthread_mutex_lock(&b->mu);
+			b->refs--;
+			pthread_mutex_unlock(&b->mu);
 			break;
 		}
-		l->next_id++;
 	}
-	if (rc == 0) {
-		strat_free(&l->next);
-		l->next = last;
-		last.Rk = last.Rv = NULL;
-		l->n = (uint32_t)n;
-		l->raw_start = covered;
-		rc = open_begin(s, l, (uint32_t)covered);
+	pbatch_loop(b);
+	pthread_mutex_lock(&b->mu);
+	while (b->done < b->njobs)
+		pthread_cond_wait(&b->cv, &b->mu);
+	pthread_mutex_unlock(&b->mu);
+}
+
+/* Undo the stored segments of a job that succeeded. */
+static void pjob_undo(struct mkv_seq *s, uint32_t layer, struct pjob *j)
+{
+	struct mkv_seg_key kk = seg_key(s, layer, j->head, j->h.id, MKV_KIND_KEY);
+	struct mkv_seg_key vk = seg_key(s, layer, j->head, j->h.id, MKV_KIND_VALUE);
+	mkv_store_remove(s->store, &kk);
+	mkv_store_remove(s->store, &vk);
+	mkv_segment_destroy(j->h.k);
+	mkv_segment_destroy(j->h.v);
+	seqgpu_drop(s->gpu, j->h.dev);
+	strat_free(&j->st);
+	j->h.k = j->h.v = NULL;
+	j->h.dev = NULL;
+}
+
+/*
+ * After the head's final segments are in l->segs: the strategy of the last
+ * becomes the next one's, the remainder [covered, n) starts the open
+ * segment, and the raw rows the window needs are kept.  @kt, @vt hold the
+ * head's float rows [ta, n), ta = min(covered, n - window).
+ */
+static int prefill_tail(struct mkv_seq *s, struct lh *l, const float *kt,
+			const float *vt, size_t ta, size_t covered, size_t n,
+			struct strat *last)
+{
+	size_t d = s->o.d;
+	strat_free(&l->next);
+	l->next = *last;
+	last->Rk = last->Rv = NULL;
+	l->n = (uint32_t)n;
+	l->raw_start = ta;
+	int rc = open_begin(s, l, (uint32_t)covered);
+	if (rc == 0 && ta < n)
+		rc = raw_reserve(s, l, n);
+	if (rc == 0 && ta < n) {
+		memcpy(l->rawk, kt, sizeof(float) * (n - ta) * d);
+		memcpy(l->rawv, vt, sizeof(float) * (n - ta) * d);
 	}
 	if (rc == 0 && covered < n) {
-		rc = raw_reserve(s, l, n);
-		if (rc == 0) {
-			memcpy(l->rawk, k + covered * d, sizeof(float) * (n - covered) * d);
-			memcpy(l->rawv, v + covered * d, sizeof(float) * (n - covered) * d);
-			rc = seg_grow_append(l->ok, &l->okcap, k + covered * d, n - covered);
-		}
+		const float *kr = kt + (covered - ta) * d, *vr = vt + (covered - ta) * d;
+		size_t m = n - covered;
+		rc = seg_grow_append(l->ok, &l->okcap, kr, m);
 		if (rc == 0)
-			rc = seg_grow_append(l->ov, &l->ovcap, v + covered * d, n - covered);
+			rc = seg_grow_append(l->ov, &l->ovcap, vr, m);
 		if (rc == 0)
-			rc = mkv_segstats_append(l->lk, k + covered * d, MKV_DTYPE_F32, n - covered);
+			rc = mkv_segstats_append(l->lk, kr, MKV_DTYPE_F32, m);
 		if (rc == 0)
-			rc = mkv_segstats_append(l->lv, v + covered * d, MKV_DTYPE_F32, n - covered);
+			rc = mkv_segstats_append(l->lv, vr, MKV_DTYPE_F32, m);
 	}
-	/* The window needs raw rows from n - window even when they are
-	 * final: keep them. */
-	if (rc == 0 && s->o.window) {
-		size_t w0 = n > s->o.window ? n - s->o.window : 0;
-		if (w0 < l->raw_start) {
-			size_t keep = l->raw_start - w0, have = n - l->raw_start;
-			size_t old = l->raw_start;
-			l->raw_start = w0;
-			rc = raw_reserve(s, l, n);
-			if (rc == 0) {
-				memmove(l->rawk + keep * d, l->rawk, sizeof(float) * have * d);
-				memmove(l->rawv + keep * d, l->rawv, sizeof(float) * have * d);
-				memcpy(l->rawk, k + w0 * d, sizeof(float) * keep * d);
-				memcpy(l->rawv, v + w0 * d, sizeof(float) * keep * d);
-			} else {
-				l->raw_start = old;
-			}
-		}
-	}
-	strat_free(&last);
 	return rc;
 }
 
-/* Undo a layer's prefill: remove stored segments, free everything. */
+/* Undo a layer's prefill: remove stored segments, free everything.  Its
+ * device copies were never attended. */
 static void layer_reset(struct mkv_seq *s, uint32_t layer)
 {
 	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
@@ -687,8 +775,102 @@ static void layer_reset(struct mkv_seq *s, uint32_t layer)
 			mkv_store_remove(s->store, &kk);
 			mkv_store_remove(s->store, &vk);
 		}
+		lh_drop_dev(s, l, false);
 		lh_free(l);
 	}
+}
+
+/* Prefill from host arrays (see mkv_seq_prefill). */
+static int prefill_host(struct mkv_seq *s, uint32_t layer, const void *k,
+			const void *v, enum mkv_dtype dt, size_t n)
+{
+	size_t d = s->o.d, es = mkv_dtype_size(dt), ps = s->o.prefill_segment;
+	uint32_t H = s->o.kv_heads;
+	/* Full segments are final at once; the remainder (when there is at
+	 * least one full segment) starts the open segment. */
+	size_t nfull = n <= ps ? 1 : n / ps;
+	size_t covered = n <= ps ? n : nfull * ps;
+	size_t w0 = n > s->o.window ? n - s->o.window : 0;
+	size_t ta = covered < w0 ? covered : w0;
+	struct pbatch *b = calloc(1, sizeof(*b));
+	float *kt = malloc(sizeof(float) * ((n - ta) ? (n - ta) : 1) * d);
+	float *vt = malloc(sizeof(float) * ((n - ta) ? (n - ta) : 1) * d);
+	int rc = -ENOMEM;
+	if (!b || !kt || !vt) {
+		free(b);
+		goto out;
+	}
+	b->jobs = calloc(nfull * H, sizeof(*b->jobs));
+	if (!b->jobs) {
+		free(b);
+		goto out;
+	}
+	pthread_mutex_init(&b->mu, NULL);
+	pthread_cond_init(&b->cv, NULL);
+	b->s = s;
+	b->layer = layer;
+	b->k = k;
+	b->v = v;
+	b->dt = dt;
+	b->n = n;
+	b->njobs = nfull * H;
+	b->refs = 1;
+	for (uint32_t h = 0; h < H; h++)
+		for (size_t i = 0; i < nfull; i++) {
+			struct pjob *j = &b->jobs[h * nfull + i];
+			j->head = h;
+			j->a = i * ps;
+			j->m = n <= ps ? n : ps;
+			j->h = (struct hseg){.start = (uint32_t)j->a, .n = (uint32_t)j->m,
+					     .id = lh_of(s, layer, h)->next_id + (uint32_t)i,
+					     .final = 1};
+		}
+	pbatch_run(b);
+	/* The first failure in (head, segment) order is the one reported. */
+	rc = 0;
+	for (size_t i = 0; i < b->njobs && rc == 0; i++)
+		rc = b->jobs[i].rc;
+	for (uint32_t h = 0; h < H && rc == 0; h++) {
+		struct lh *l = lh_of(s, layer, h);
+		const char *kh = (const char *)k + ((size_t)h * n + ta) * d * es;
+		const char *vh = (const char *)v + ((size_t)h * n + ta) * d * es;
+		if (!mkv_load_f32(kt, kh, dt, (n - ta) * d) ||
+		    !mkv_load_f32(vt, vh, dt, (n - ta) * d)) {
+			rc = -MKV_ENONFINITE;
+			break;
+		}
+		for (size_t i = 0; i < nfull && rc == 0; i++) {
+			struct pjob *j = &b->jobs[h * nfull + i];
+			rc = lh_push(l, &j->h);
+			if (rc == 0) {
+				/* The sequence owns it now. */
+				j->h.k = j->h.v = NULL;
+				j->h.dev = NULL;
+				j->rc = 1;
+				l->next_id++;
+				if (i + 1 < nfull)
+					strat_free(&j->st);
+			}
+		}
+		if (rc == 0)
+			rc = prefill_tail(s, l, kt, vt, ta, covered, n,
+					  &b->jobs[h * nfull + nfull - 1].st);
+	}
+	if (rc) {
+		/* Jobs not taken over by a head are undone here, the rest by
+		 * layer_reset. */
+		for (size_t i = 0; i < b->njobs; i++)
+			if (b->jobs[i].rc == 0)
+				pjob_undo(s, layer, &b->jobs[i]);
+		layer_reset(s, layer);
+	}
+	for (size_t i = 0; i < b->njobs; i++)
+		strat_free(&b->jobs[i].st);
+	pbatch_unref(b);
+out:
+	free(kt);
+	free(vt);
+	return rc;
 }
 
 int mkv_seq_prefill(struct mkv_seq *s, uint32_t layer, const void *k,
@@ -701,27 +883,31 @@ int mkv_seq_prefill(struct mkv_seq *s, uint32_t layer, const void *k,
 		if (lh_of(s, layer, h)->n)
 			return -EINVAL;
 	apply_done(s);
-	size_t d = s->o.d, es = mkv_dtype_size(dt);
-	float *kf = malloc(sizeof(float) * n * d), *vf = malloc(sizeof(float) * n * d);
-	int rc = -ENOMEM;
-	if (!kf || !vf)
-		goto out;
-	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
-		const char *kh = (const char *)k + (size_t)h * n * d * es;
-		const char *vh = (const char *)v + (size_t)h * n * d * es;
-		rc = -MKV_ENONFINITE;
-		if (!mkv_load_f32(kf, kh, dt, n * d) || !mkv_load_f32(vf, vh, dt, n * d))
-			break;
-		if ((rc = prefill_head(s, layer, h, kf, vf, n)))
-			break;
+	/* Device inputs: copied to the host first. */
+	int dev = store_device(s->store);
+	void *hk = NULL, *hv = NULL;
+	int rc = 0;
+	if (dev >= 0 && (seqgpu_is_device_ptr(dev, k) || seqgpu_is_device_ptr(dev, v))) {
+		size_t bytes = (size_t)s->o.kv_heads * n * s->o.d * mkv_dtype_size(dt);
+		hk = malloc(bytes);
+		hv = malloc(bytes);
+		rc = -ENOMEM;
+		if (hk && hv) {
+			rc = seqgpu_is_device_ptr(dev, k) ? seqgpu_to_host(dev, hk, k, bytes)
+							  : (memcpy(hk, k, bytes), 0);
+			if (rc == 0)
+				rc = seqgpu_is_device_ptr(dev, v) ? seqgpu_to_host(dev, hv, v, bytes)
+								  : (memcpy(hv, v, bytes), 0);
+		}
+		k = hk;
+		v = hv;
 	}
-	if (rc)
-		layer_reset(s, layer);
-	else if (layer == 0)
+	if (rc == 0)
+		rc = prefill_host(s, layer, k, v, dt, n);
+	if (rc == 0 && layer == 0)
 		s->st.tokens = n;
-out:
-	free(kf);
-	free(vf);
+	free(hk);
+	free(hv);
 	lag_update(s);
 	return rc;
 }
@@ -897,7 +1083,6 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 {
 	if (!s || !q || !out || layer >= s->o.layers)
 		return -EINVAL;
-	(void)stream;
 	struct mkv_attn_opts ao;
 	mkv_attn_opts_init(&ao, sizeof ao);
 	ao.n_q = s->o.q_per_kv;
@@ -910,8 +1095,15 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 		return -EINVAL;
 	apply_done(s);
 	s->step++;
+	if (stream && s->gpu)
+		return seqgpu_attend_host(s, layer, q, out, stream);
 	size_t d = s->o.d, gq = (size_t)s->o.q_per_kv * d;
 	uint64_t fetch_bytes = 0, attend_bytes = 0;
+	/* With the store's HBM on a device, fetched blocks come back as device
+	 * addresses, which this CPU path cannot read: it then reads the
+	 * stored segments it selected from back whole (mkv_store_get_segment
+	 * copies them to the host). */
+	const bool host_read = store_device(s->store) < 0;
 	for (uint32_t h = 0; h < s->o.kv_heads && rc == 0; h++) {
 		struct lh *l = lh_of(s, layer, h);
 		uint32_t n = l->n, w = n < s->o.window ? n : s->o.window;
@@ -948,8 +1140,9 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 			struct blk_addr *va = malloc(sizeof(*va) * (nb ? nb : 1));
 			struct mkv_fetch_req *req = calloc(2 * (m ? m : 1), sizeof(*req));
 			struct mkv_block_addr *fa = malloc(sizeof(*fa) * 2 * (nb ? nb : 1));
+			struct mkv_segment **full = calloc(2 * (m ? m : 1), sizeof(*full));
 			const float *qh = q + h * gq;
-			if (!mask || !src || !blocks || !ka || !va || !req || !fa)
+			if (!mask || !src || !blocks || !ka || !va || !req || !fa || !full)
 				goto inner;
 			if ((rc = attn_select(&ao, qh, kp, m, mask)))
 				goto inner;
@@ -961,7 +1154,17 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 				for (uint32_t j = 0; j < K->v.n_blocks; j++, ci++)
 					if (mask[ci])
 						blocks[wpos + src[i].n_sel++] = j;
-				if (src[i].n_sel && hp[i] && hp[i]->final) {
+				if (src[i].n_sel && hp[i] && hp[i]->final && !host_read) {
+					struct mkv_seg_key kk = seg_key(s, layer, h, hp[i]->id, MKV_KIND_KEY);
+					struct mkv_seg_key vk = seg_key(s, layer, h, hp[i]->id, MKV_KIND_VALUE);
+					if ((rc = mkv_store_get_segment(s->store, &kk, &full[2 * i])) ||
+					    (rc = mkv_store_get_segment(s->store, &vk, &full[2 * i + 1])))
+						goto inner;
+					for (uint32_t bi = 0; bi < src[i].n_sel; bi++) {
+						ka[wpos + bi] = seg_block_addr(full[2 * i], src[i].blocks[bi]);
+						va[wpos + bi] = seg_block_addr(full[2 * i + 1], src[i].blocks[bi]);
+					}
+				} else if (src[i].n_sel && hp[i] && hp[i]->final) {
 					req[nreq++] = (struct mkv_fetch_req){
 						.key = seg_key(s, layer, h, hp[i]->id, MKV_KIND_KEY),
 						.blocks = src[i].blocks, .n_blocks = src[i].n_sel};
@@ -986,7 +1189,7 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 				/* Map the fetched addresses back, request order. */
 				size_t fi = 0;
 				for (size_t i = 0; i < m; i++) {
-					if (!(src[i].n_sel && hp[i] && hp[i]->final))
+					if (!(src[i].n_sel && hp[i] && hp[i]->final && host_read))
 						continue;
 					struct blk_addr *kd = (struct blk_addr *)src[i].kaddr;
 					struct blk_addr *vd = (struct blk_addr *)src[i].vaddr;
@@ -1014,6 +1217,9 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 			if (nreq)
 				mkv_fetch_release(s->fetch);
 inner:
+			for (size_t i = 0; full && i < 2 * m; i++)
+				mkv_segment_destroy(full[i]);
+			free(full);
 			free(mask);
 			free(src);
 			free(blocks);
@@ -1031,6 +1237,20 @@ next:
 	s->st.fetch_bytes_total += fetch_bytes;
 	s->st.attend_bytes_last = attend_bytes;
 	return rc;
+}
+
+int mkv_seq_attend_dev(struct mkv_seq *s, uint32_t layer, const float *q,
+		       float *out, void *stream)
+{
+	if (!s || !q || !out || layer >= s->o.layers)
+		return -EINVAL;
+	if (!s->gpu)
+		return -MKV_ENODEV;
+	if (!lh_of(s, layer, 0)->n)
+		return -EINVAL;
+	apply_done(s);
+	s->step++;
+	return seqgpu_attend(s, layer, q, out, stream);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1094,6 +1314,9 @@ int mkv_seq_get_stats(struct mkv_seq *s, struct mkv_seq_stats *st)
 	st->size = sizeof(*st);
 	st->segments_final = fin;
 	st->segments_pending = pend;
+	st->on_device = s->gpu != NULL;
+	st->device_bytes = seqgpu_bytes(s->gpu);
+	st->device_upload_failed = seqgpu_upload_failed(s->gpu);
 	return 0;
 }
 
@@ -1118,8 +1341,11 @@ int mkv_seq_close(struct mkv_seq *s)
 				if (rc && !first)
 					first = rc;
 			}
+			lh_drop_dev(s, l, true);
 			lh_free(l);
 		}
+	/* Waits for the last device attend before freeing its copies. */
+	seqgpu_destroy(s->gpu);
 	mkv_fetch_destroy(s->fetch);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);

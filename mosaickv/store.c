@@ -120,6 +120,7 @@ struct mkv_store {
 	unsigned pending;      /* queued + running jobs */
 	int balance_queued;
 	int stopping;
+	int paused;            /* test hook: workers take no job (store_pause) */
 	struct worker *workers;
 	unsigned n_workers;
 };
@@ -833,7 +834,7 @@ static void *worker_main(void *arg)
 		struct job *j;
 		int rc = 0;
 
-		while (!s->q_head && !s->stopping)
+		while ((!s->q_head || s->paused) && !s->stopping)
 			pthread_cond_wait(&s->q_cond, &s->lock);
 		if (!s->q_head)
 			break; /* stopping and nothing left */
@@ -893,6 +894,22 @@ int store_submit_call(struct mkv_store *s, void (*fn)(void *arg), void *arg)
 	enqueue(s, j);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
+}
+
+void store_pause(struct mkv_store *s, bool pause)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->lock);
+	s->paused = pause;
+	if (!pause)
+		pthread_cond_broadcast(&s->q_cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+int store_device(const struct mkv_store *s)
+{
+	return s ? s->gpu : -1;
 }
 
 /* Under s->lock: queue a background rebalance (if none is queued) when a

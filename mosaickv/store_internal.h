@@ -7,6 +7,7 @@
 #ifndef MKV_STORE_INTERNAL_H
 #define MKV_STORE_INTERNAL_H
 
+#include <stdbool.h>
 #include <mosaickv/store.h>
 
 struct tier;
@@ -32,5 +33,19 @@ struct tier *store_tier(struct mkv_store *s, int level);
  * mkv_store_destroy() or mkv_store_drain().
  */
 int store_submit_call(struct mkv_store *s, void (*fn)(void *arg), void *arg);
+
+/*
+ * Test and benchmark hook: while paused, the workers take no new job from
+ * the queue (jobs already running finish); submissions still queue.
+ * Resuming wakes them.  While paused, anything that waits for the queue
+ * to empty waits until the resume: mkv_store_drain(), mkv_store_destroy(),
+ * mkv_seq_sync(), mkv_seq_close(), and a sequence's back-pressure when its
+ * lag passes the cap.  NULL is ignored.
+ */
+void store_pause(struct mkv_store *s, bool pause);
+
+/* The CUDA device the HBM tier lives on, or -1 when HBM is host memory
+ * (built without CUDA, no usable device, or opts.gpu = -1). */
+int store_device(const struct mkv_store *s);
 
 #endif

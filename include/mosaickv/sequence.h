@@ -35,6 +35,24 @@
  * loses nothing: the temporary segment stays in service, the failure is
  * counted in mkv_seq_stats, and it is retried at the next flush or sync.
  *
+ * Where attention runs.  When the library is built with CUDA, the
+ * store's HBM tier is on a device (mkv_store_opts.gpu) and the shape is
+ * one the kernels take (d 64 or 128, q_per_kv 1, 2, 3, 4 or 8,
+ * store_dtype BF16; opts.device_attend left at 1), the sequence keeps a
+ * device copy of everything it attends over, in the kernels' layout: each
+ * final segment is uploaded once, by the thread that encoded it (a store
+ * worker, or prefill), and freed when it is replaced or closed; each
+ * update buffer grows on the device, new tokens compressed there with the
+ * segment's strategy (the host keeps its own packed copy for the CPU
+ * path); the dense window is a ring on the device.  mkv_seq_attend_dev()
+ * and mkv_seq_attend() with a stream then run PackedAttention on the GPU.
+ * A swap becomes visible to the device at the next device attend, which
+ * uploads the history's descriptors on the caller's stream before its
+ * kernels, and frees the replaced copy in stream order after the last
+ * attend that read it: no kernel ever sees a half-swapped segment, and
+ * the device attends exactly the tokens the CPU path would.  Otherwise
+ * everything runs on the CPU, as mkv_seq_stats.on_device says.
+ *
  * Thread safety: one thread at a time per sequence (the one driving its
  * decode); different sequences may be driven from different threads at
  * once, on one store.  Shapes: K, V and queries are row-major with the KV
@@ -81,6 +99,9 @@ struct mkv_seq_opts {
 	size_t lag_cap;          /* bytes of raw K/V awaiting finalization per
 	                          * sequence, >= 1 MiB.  Default 256 MiB */
 	size_t staging_bytes;    /* fetch staging per sequence.  Default 64 MiB */
+	uint32_t device_attend;  /* 1 (default): keep device copies and attend
+	                          * on the GPU where possible (see the top of
+	                          * this file); 0: never touch CUDA */
 };
 
 MKV_API int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size);
@@ -104,11 +125,18 @@ MKV_API int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
 MKV_API int mkv_seq_close(struct mkv_seq *s);
 
 /*
- * Prefill @n tokens of @layer: @k and @v are [kv_heads][n][d] host arrays
- * of @dt (F32, F16 or BF16).  Allowed once per layer, before any append to
- * it.  Returns 0, or -EINVAL (NULL, bad layer or dtype, n == 0, the layer
- * already holds tokens), -MKV_ENONFINITE, -ENOSPC (the store is full),
- * -ENOMEM; on error the layer holds nothing.
+ * Prefill @n tokens of @layer: @k and @v are [kv_heads][n][d] arrays of
+ * @dt (F32, F16 or BF16), in host memory or, when the store's HBM is on a
+ * device, in device memory (cudaMalloc: detected, and copied to the host
+ * first by cudaMemcpy on the legacy default stream, so work writing them
+ * on a non-blocking stream must have finished).  Allowed once per layer,
+ * before any append to it.  The prefill segments are encoded in parallel
+ * by the store's workers and the calling thread (which does them all
+ * itself if the workers are busy), and uploaded to the device when the
+ * sequence attends there.  Returns 0, or
+ * -EINVAL (NULL, bad layer or dtype, n == 0, the layer already holds
+ * tokens), -MKV_ENONFINITE, -ENOSPC (the store is full), -ENOMEM, -EIO (a
+ * failed copy from the device); on error the layer holds nothing.
  */
 MKV_API int mkv_seq_prefill(struct mkv_seq *s, uint32_t layer, const void *k,
 			    const void *v, enum mkv_dtype dt, size_t n);
@@ -128,16 +156,53 @@ MKV_API int mkv_seq_append(struct mkv_seq *const *seqs, size_t n,
 
 /*
  * Decode attention of @layer: @q is [kv_heads*q_per_kv][d] floats, @out
- * the same shape.  Selects blocks on the summaries, fetches the selected
- * blocks of stored segments from their tiers, and runs PackedAttention
- * over them, the pending and open segments and the dense window.
- * @stream is a cudaStream_t for the GPU path (NULL: the CPU path; this
- * build runs attention on the CPU).  Returns 0, or -EINVAL (NULL, bad
- * layer, no tokens), -MKV_ENONFINITE, -ENOMEM, or an error of the store's
- * fetch.
+ * the same shape, both in host memory.  Selects blocks on the summaries
+ * and runs PackedAttention over the selected blocks of the history (final,
+ * pending and open segments) and the dense window.
+ * @stream NULL: on the CPU, fetching the selected blocks of stored
+ * segments from their tiers (the only path without a device; the stats'
+ * fetch and attend byte counts describe it).  When the store's HBM is on
+ * a device its fetches hand out device addresses, so this path then reads
+ * the stored segments it selected from back whole instead
+ * (mkv_store_get_segment): correct, but meant for checks, not speed.
+ * @stream a cudaStream_t (cudaStreamLegacy for the legacy default stream)
+ * and the sequence on the device (mkv_seq_stats.on_device): on the GPU, as
+ * mkv_seq_attend_dev() with copies of @q and @out, returning once @out is
+ * written (the stream is synchronized); otherwise the CPU path.
+ * Both paths attend the same tokens with the same selection rule; they
+ * differ only by rounding (the device packs new tokens itself and keeps
+ * the window in bf16).
+ * Returns 0, or -EINVAL (NULL, bad layer, no tokens), -MKV_ENONFINITE,
+ * -ENOMEM, an error of the store's fetch, or of the device path (as
+ * mkv_seq_attend_dev).
  */
 MKV_API int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 			   float *out, void *stream);
+
+/*
+ * Decode attention of @layer on the GPU, asynchronously on @stream (a
+ * cudaStream_t of the store's device; NULL is the legacy default stream):
+ * @q and @out are device pointers to [kv_heads*q_per_kv][d] floats (@q is
+ * not checked for NaN).
+ * Before its kernels, the call makes the device copy current (swaps
+ * published since the last call, tokens appended since, the window) and
+ * uploads the history's descriptors, all in stream order; @out is written
+ * when the stream reaches the end of the call's work.  @q must stay
+ * valid, and @out untouched, until then.  Successive device attends of one
+ * sequence are ordered even across streams: a call on another stream than
+ * the previous one first makes its stream wait for the previous call.
+ * The call cannot be captured in a CUDA graph (it uploads this step's
+ * descriptors from pinned staging and may wait for the previous upload
+ * of the same layer to finish).  The calling thread's current device is
+ * left as it was.  Device memory is held by the sequence until
+ * mkv_seq_close().  Returns 0 (work queued), or -EINVAL (NULL pointers,
+ * bad layer, no tokens), -MKV_ENODEV (the sequence is not on the device:
+ * see on_device), -ENOMEM (device or pinned memory), -EIO (another CUDA
+ * error), or an error of the store when a final segment's device copy had
+ * to be read back from it.
+ */
+MKV_API int mkv_seq_attend_dev(struct mkv_seq *s, uint32_t layer,
+			       const float *q, float *out, void *stream);
 
 /*
  * Close the open segment of every KV head of @layer (all layers when
@@ -169,7 +234,13 @@ struct mkv_seq_stats {
 	uint64_t fetch_bytes_last;  /* bytes of selected blocks the last
 	                             * attend read from below the top tier */
 	uint64_t fetch_bytes_total;
-	uint64_t attend_bytes_last; /* K/V/summary bytes the last attend read */
+	uint64_t attend_bytes_last; /* K/V/summary bytes the last attend read
+	                             * (CPU path) */
+	uint32_t on_device;         /* 1: device copies kept, GPU attends */
+	uint64_t device_bytes;      /* device memory held by the sequence */
+	uint64_t device_upload_failed; /* final segments whose upload failed
+	                                * (read back from the store later) */
+	uint64_t device_attends;    /* attends run on the GPU */
 };
 
 /* Fill *@st (st->size set by the caller).  Returns 0 or -EINVAL. */

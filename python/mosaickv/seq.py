@@ -35,7 +35,7 @@ class SeqOpts(C.Structure):
                 ("b", C.c_uint32), ("drop", C.c_uint32),
                 ("loss_threshold", C.c_double), ("var_threshold", C.c_double),
                 ("store_dtype", C.c_int), ("lag_cap", C.c_size_t),
-                ("staging_bytes", C.c_size_t)]
+                ("staging_bytes", C.c_size_t), ("device_attend", C.c_uint32)]
 
 
 class SeqStats(C.Structure):
@@ -45,7 +45,9 @@ class SeqStats(C.Structure):
                 ("max_lag_bytes", C.c_uint64), ("sync_finalized", C.c_uint64),
                 ("queue_depth", C.c_uint32), ("segments_final", C.c_uint64),
                 ("segments_pending", C.c_uint64), ("fetch_bytes_last", C.c_uint64),
-                ("fetch_bytes_total", C.c_uint64), ("attend_bytes_last", C.c_uint64)]
+                ("fetch_bytes_total", C.c_uint64), ("attend_bytes_last", C.c_uint64),
+                ("on_device", C.c_uint32), ("device_bytes", C.c_uint64),
+                ("device_upload_failed", C.c_uint64), ("device_attends", C.c_uint64)]
 
 
 P, I, SZ, U32 = C.c_void_p, C.c_int, C.c_size_t, C.c_uint32

@@ -1,0 +1,139 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Device images of a sequence's segments (mosaickv/seqgpu.c): the layout of
+ * gpu_seg_upload (layout.cu) with room for @cap tokens, so that one
+ * allocation serves a closed segment (cap = n) and an update buffer that
+ * gpu_append() grows in place.  The image is built in host memory and the
+ * caller copies it with whatever stream it owns: nothing here touches
+ * CUDA, so a worker thread can build images while the decode thread's
+ * stream runs.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "common.cuh"
+
+struct cap_plan {
+	size_t k_val, k_bm, k_rot, s_min, s_max, v_val, v_bm, v_rot, total;
+	uint32_t k_rs, k_bw, v_rs, v_bw, cap_blocks;
+};
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static int cap_plan(const struct mkv_packed_view *k, const struct mkv_packed_view *v,
+		    uint32_t cap, struct cap_plan *p)
+{
+	if (!k || !v || k->kind != MKV_KIND_KEY || v->kind != MKV_KIND_VALUE ||
+	    k->store_dtype != MKV_DTYPE_BF16 || v->store_dtype != MKV_DTYPE_BF16 ||
+	    k->n != v->n || k->d != v->d || k->b != v->b || k->d > GPU_MAX_D ||
+	    k->bitmap_bytes > 16 || v->bitmap_bytes > 16 || k->summary_channels == 0 ||
+	    k->g > 8 || v->g > 8 || k->r == 0 || v->r == 0 || k->b == 0 || cap == 0 ||
+	    k->n > cap || !k->rotation || !v->rotation)
+		return -EINVAL;
+	memset(p, 0, sizeof *p);
+	p->k_rs = (k->r + 7) & ~7u;
+	p->v_rs = (v->r + 7) & ~7u;
+	p->k_bw = (k->bitmap_bytes + 3) / 4;
+	p->v_bw = (v->bitmap_bytes + 3) / 4;
+	p->cap_blocks = (cap + k->b - 1) / k->b;
+	size_t n = cap, off = 0, S = k->summary_channels;
+	p->k_val = off;
+	off += al256(n * p->k_rs * 2);
+	p->k_bm = off;
+	off += al256(n * p->k_bw * 4);
+	p->k_rot = off;
+	off += al256((size_t)k->d_keep * k->d * 2);
+	p->s_min = off;
+	off += al256((size_t)p->cap_blocks * S * 2);
+	p->s_max = off;
+	off += al256((size_t)p->cap_blocks * S * 2);
+	p->v_val = off;
+	off += al256(n * p->v_rs * 2);
+	p->v_bm = off;
+	off += al256(n * p->v_bw * 4);
+	p->v_rot = off;
+	off += al256((size_t)v->d_keep * v->d * 2);
+	p->total = off;
+	return 0;
+}
+
+size_t gpu_seg_cap_bytes(const struct mkv_packed_view *k, const struct mkv_packed_view *v,
+			 uint32_t cap)
+{
+	struct cap_plan p;
+	return cap_plan(k, v, cap, &p) ? 0 : p.total;
+}
+
+/* Values of n vectors at stride r into stride rs (zero padding: the
+ * image is zeroed first). */
+static void img_vals(char *dst, const struct mkv_packed_view *x, uint32_t rs)
+{
+	const uint16_t *src = (const uint16_t *)x->values;
+	if (rs == x->r) {
+		memcpy(dst, src, (size_t)x->n * x->r * 2);
+		return;
+	}
+	for (size_t i = 0; i < x->n; i++)
+		memcpy(dst + i * rs * 2, src + i * x->r, (size_t)x->r * 2);
+}
+
+static void img_bms(char *dst, const struct mkv_packed_view *x, uint32_t bw)
+{
+	if (bw * 4 == x->bitmap_bytes) {
+		memcpy(dst, x->bitmaps, (size_t)x->n * x->bitmap_bytes);
+		return;
+	}
+	for (size_t i = 0; i < x->n; i++)
+		memcpy(dst + i * bw * 4, x->bitmaps + i * x->bitmap_bytes, x->bitmap_bytes);
+}
+
+int gpu_seg_image(const struct mkv_packed_view *k, const struct mkv_packed_view *v,
+		  uint32_t cap, void *img, const void *dev, struct gpu_seg *out)
+{
+	struct cap_plan p;
+	if (!dev || !out || cap_plan(k, v, cap, &p))
+		return -EINVAL;
+	if (k->n && (!k->values || !k->bitmaps || !v->values || !v->bitmaps ||
+		     !k->sum_min || !k->sum_max))
+		return -EINVAL;
+	if (img) {
+		char *h = (char *)img;
+		memset(h, 0, p.total);
+		size_t S = k->summary_channels;
+		if (k->n) {
+			img_vals(h + p.k_val, k, p.k_rs);
+			img_bms(h + p.k_bm, k, p.k_bw);
+			memcpy(h + p.s_min, k->sum_min, (size_t)k->n_blocks * S * 2);
+			memcpy(h + p.s_max, k->sum_max, (size_t)k->n_blocks * S * 2);
+			img_vals(h + p.v_val, v, p.v_rs);
+			img_bms(h + p.v_bm, v, p.v_bw);
+		}
+		memcpy(h + p.k_rot, k->rotation, (size_t)k->d_keep * k->d * 2);
+		memcpy(h + p.v_rot, v->rotation, (size_t)v->d_keep * v->d * 2);
+	}
+	const char *d = (const char *)dev;
+	memset(out, 0, sizeof *out);
+	out->k_val = (const uint16_t *)(d + p.k_val);
+	out->k_bm = (const uint32_t *)(d + p.k_bm);
+	out->k_rot = (const uint16_t *)(d + p.k_rot);
+	out->s_min = (const uint16_t *)(d + p.s_min);
+	out->s_max = (const uint16_t *)(d + p.s_max);
+	out->v_val = (const uint16_t *)(d + p.v_val);
+	out->v_bm = (const uint32_t *)(d + p.v_bm);
+	out->v_rot = (const uint16_t *)(d + p.v_rot);
+	out->n = k->n;
+	out->b = k->b;
+	out->n_blocks = k->n_blocks;
+	out->S = k->summary_channels;
+	out->k_dk = k->d_keep;
+	out->k_r = k->r;
+	out->k_g = k->g;
+	out->k_rs = p.k_rs;
+	out->k_bw = p.k_bw;
+	out->v_dk = v->d_keep;
+	out->v_r = v->r;
+	out->v_g = v->g;
+	out->v_rs = p.v_rs;
+	out->v_bw = p.v_bw;
+	out->block0 = 0;
+	return 0;
+}
