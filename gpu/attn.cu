@@ -1993,7 +1993,8 @@ __global__ void __launch_bounds__(8 * D) k_merge(uint32_t nq, char *ws, struct w
 }
 
 /* ------------------------------------------------------------------ */
-/* Dense flash-decoding and Quest attention.                           */
+/* Quest attention, and the first dense flash-decoding kernel (CUDA     */
+/* cores; gpu_attend_dense with GPU_ATTN_CUDA_CORES, kept to compare).  */
 
 template <int NQ, int D>
 __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head *heads,
@@ -2075,6 +2076,425 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 		}
 	}
 	dense_finish<NQ, D>(st, sm, po, pml);
+}
+
+/* ------------------------------------------------------------------ */
+/* Dense flash-decoding on the tensor cores (gpu_attend_dense).         */
+/*
+ * A context's token stream is its n history tokens followed by its window;
+ * it is cut into nsplit equal ranges (multiples of DN_T tokens), one CTA
+ * each, so that n_heads × nsplit CTAs fill whole waves of the GPU.  A CTA
+ * streams its range through a ST-deep pipeline of DN_T-token K and V tiles
+ * in shared memory (no registers held by loads in flight); its 4 warps take
+ * 16 tokens of each tile.  Per warp and 16 tokens: S = Q Kᵀ and O += P V by
+ * mma.m16n8k16 (bf16 operands, fp32 accumulation).  Rows 0..7 of A are the
+ * group's queries rounded to bf16 and rows 8..15 what that rounding left
+ * (q = hi + lo, to ~2^-17), likewise for p: the two halves of each
+ * accumulator row pair are summed by the thread that holds both, so the
+ * products lose nothing a CPU-reference test can see.  The C fragment of S
+ * is the A fragment of P (no shuffles).  K fragments are 16-byte shared
+ * loads (the 4 lanes of a token read 4 of its 16-byte chunks each: a
+ * channel permutation that Q's fragments mirror), V fragments
+ * ldmatrix.trans.  Softmax in the exp2 domain; the accumulators are
+ * rescaled only when a row's maximum grows (warp vote).  Partials (o, m, l)
+ * go to the dense slots of the scratch and k_merge combines them.
+ *
+ * Two ways to fill a stage (template TMA):
+ *   cp.async  16 bytes per thread-copy (zero-fill past the range), rows
+ *             XOR-swizzled per token (dn_sw) so that the K loads and
+ *             ldmatrix are conflict-free;
+ *   bulk      cp.async.bulk (the copy engine) of 8-token sub-tiles, 16
+ *             copies per stage issued by one warp, completion on an
+ *             mbarrier; sub-tile i sits at i × (8 rows + 16 bytes), and
+ *             a warp's 16 tokens are rows 2w, 2w+1 of the 8 sub-tiles, so
+ *             the 8 tokens of a fragment lie in 8 different bank groups.
+ *             A partial last tile is read over zeroed (or earlier, finite)
+ *             rows, masked in S.
+ */
+#define DN_T 64 /* tokens per pipeline stage (K and V tiles) */
+/* Default: cp.async, 2 stages (64 KiB at d = 128: 3 CTAs per SM).  On the
+ * H200 at 1M tokens (gpu/NOTES.md) it and the bulk fill with 3 stages
+ * (2 CTAs per SM) were the two best, within run-to-run spread of each
+ * other: 1022-1023 us vs 1013-1019 us at batch 1, 8006-8054 us vs
+ * 7896-8113 us at batch 8; one CTA per SM (4 or 6 stages) was 8-20 %
+ * slower.  The bulk fill needs sm_90; cp.async builds for sm_80 too. */
+#define DN_ST 2
+#define DN_TMA 0
+
+__device__ __forceinline__ uint32_t dn_sw(uint32_t tok)
+{
+	return ((tok & 1u) << 2) | ((tok >> 1) & 3u);
+}
+
+/* bf16x2 of (lo, hi): lo in the low half (the lower k index). */
+__device__ __forceinline__ uint32_t dn_bf2(float lo, float hi)
+{
+	uint32_t r;
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return r;
+}
+
+/* a, b as bf16 pairs: *h the rounded values, *l the remainders. */
+__device__ __forceinline__ void dn_split(float a, float b, uint32_t *h, uint32_t *l)
+{
+	uint32_t x = dn_bf2(a, b);
+	*h = x;
+	*l = dn_bf2(a - __uint_as_float(x << 16), b - __uint_as_float(x & 0xffff0000u));
+}
+
+__device__ __forceinline__ void dn_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+				       uint32_t b1)
+{
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+	    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void dn_cp16(uint32_t dst, const void *src, uint32_t bytes)
+{
+	asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+		     "r"(bytes)
+		     : "memory");
+}
+
+__device__ __forceinline__ void dn_bulk(uint32_t dst, const void *src, uint32_t bytes,
+					uint32_t bar)
+{
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+		     "[%0], [%1], %2, [%3];" ::"r"(dst),
+		     "l"(src), "r"(bytes), "r"(bar)
+		     : "memory");
+}
+
+__device__ __forceinline__ void dn_wait(uint32_t bar, uint32_t parity)
+{
+	asm volatile("{\n\t.reg .pred p;\n"
+		     "DN_WAIT:\n\t"
+		     "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+		     "@!p bra DN_WAIT;\n}" ::"r"(bar),
+		     "r"(parity)
+		     : "memory");
+}
+
+/* bytes of one K (or V) tile in shared memory */
+template <int D, bool TMA>
+__host__ __device__ constexpr uint32_t dn_tile_bytes()
+{
+	return TMA ? 8 * (8 * D * 2 + 16) : DN_T * D * 2;
+}
+
+template <int D, bool TMA>
+__host__ __device__ constexpr size_t dn_smem_bytes(int st)
+{
+	return (size_t)st * 2 * dn_tile_bytes<D, TMA>();
+}
+
+/* minBlocks keeps the CTAs per SM that the stage count's smem allows */
+template <int NQ, int D, int ST, bool TMA>
+__global__ void __launch_bounds__(128, ST <= 2 ? 3 : ST == 3 ? 2 : 1)
+	k_attn_dense_tc(const struct gpu_dense_head *heads, const float *q, float scale2,
+			char *ws, struct ws_layout L, uint32_t nsplit)
+{
+	extern __shared__ __align__(128) char dsm[];
+	__shared__ __align__(8) uint64_t dbar[ST];
+	constexpr int CH = D / 8;    /* 16-byte chunks per row */
+	constexpr int KS = D / 16;   /* k-steps of S = Q Kᵀ */
+	constexpr int RP = 128 / CH; /* rows per cp.async pass */
+	constexpr uint32_t RB = D * 2;           /* bytes per row */
+	constexpr uint32_t SUB = 8 * RB + 16;    /* bulk: padded 8-token sub-tile */
+	constexpr uint32_t TB = dn_tile_bytes<D, TMA>();
+	static_assert(NQ <= 8, "rows 8..15 hold the remainders");
+	const uint32_t hi = blockIdx.y, x = blockIdx.x;
+	const struct gpu_dense_head *H = &heads[hi];
+	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
+	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
+	const uint64_t n = H->n, N = n + H->win_n;
+	const uint64_t cl = ((N + nsplit - 1) / nsplit + DN_T - 1) / DN_T * DN_T;
+	const uint64_t t0 = (uint64_t)x * cl, t1 = min(N, t0 + cl);
+	if (t0 >= t1) {
+		mark_empty(pml, NQ);
+		return;
+	}
+	const uint16_t *kb = H->k, *vb = H->v, *wk = H->win_k, *wv = H->win_v;
+	const uint32_t ntile = (uint32_t)((t1 - t0 + DN_T - 1) / DN_T);
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+	const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(dsm);
+
+	/* cp.async: copy tile @it of the range into stage it % ST (all threads) */
+	auto issue_cp = [&](uint32_t it) {
+		const uint64_t ts = t0 + (uint64_t)it * DN_T;
+		const uint32_t Ks = sbase + (it % ST) * 2 * TB, Vs = Ks + TB;
+		const uint32_t part = threadIdx.x % CH;
+		if (ts + DN_T <= n && ts + DN_T <= t1) { /* all history: plain strides */
+			const uint32_t tok = threadIdx.x / CH; /* dn_sw(tok + RP j) = dn_sw(tok) */
+			const uint32_t off = tok * RB + ((part ^ dn_sw(tok)) * 16);
+			const uint16_t *ks = kb + (ts + tok) * D + part * 8;
+			const uint16_t *vs = vb + (ts + tok) * D + part * 8;
+#pragma unroll
+			for (int j = 0; j < DN_T / RP; j++) {
+				dn_cp16(Ks + off + j * RP * RB, ks + j * RP * D, 16);
+				dn_cp16(Vs + off + j * RP * RB, vs + j * RP * D, 16);
+			}
+			return;
+		}
+		/* a valid address for the zero-filling copies (nothing is read) */
+		const uint16_t *k0 = t0 < n ? kb + t0 * D : wk + (t0 - n) * D;
+#pragma unroll
+		for (int j = 0; j < DN_T / RP; j++) {
+			const uint32_t tok = threadIdx.x / CH + RP * j;
+			const uint64_t u = ts + tok;
+			const uint16_t *ks = k0, *vs = k0;
+			uint32_t sz = 16;
+			if (u < n) {
+				ks = kb + u * D + part * 8;
+				vs = vb + u * D + part * 8;
+			} else if (u < t1) {
+				ks = wk + (u - n) * D + part * 8;
+				vs = wv + (u - n) * D + part * 8;
+			} else {
+				sz = 0;
+			}
+			const uint32_t off = tok * RB + ((part ^ dn_sw(tok)) * 16);
+			dn_cp16(Ks + off, ks, sz);
+			dn_cp16(Vs + off, vs, sz);
+		}
+	};
+	/* bulk: warp 0 copies tile @it (lanes 0..7 K's sub-tiles, 8..15 V's) */
+	auto issue_bulk = [&](uint32_t it) {
+		if (w != 0)
+			return;
+		const uint64_t ts = t0 + (uint64_t)it * DN_T;
+		const uint32_t Ks = sbase + (it % ST) * 2 * TB;
+		const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&dbar[it % ST]);
+		const uint32_t sub = lane & 7, isv = (lane >> 3) & 1;
+		const uint64_t u0 = ts + 8 * sub, ue = min(u0 + 8, t1);
+		uint32_t bytes = lane < 16 && u0 < ue ? (uint32_t)(ue - u0) * RB : 0u;
+		uint32_t tot = bytes;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1)
+			tot += __shfl_xor_sync(0xffffffffu, tot, o);
+		if (lane == 0)
+			asm volatile("{\n\t.reg .b64 st;\n\t"
+				     "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(bar),
+				     "r"(tot)
+				     : "memory");
+		__syncwarp();
+		if (bytes) {
+			const uint32_t dst = Ks + isv * TB + sub * SUB;
+			const uint16_t *hsrc = isv ? vb : kb, *wsrc = isv ? wv : wk;
+			if (u0 < n) {
+				const uint64_t e = min(ue, n);
+				dn_bulk(dst, hsrc + u0 * D, (uint32_t)(e - u0) * RB, bar);
+			}
+			if (ue > n) {
+				const uint64_t b = max(u0, n);
+				dn_bulk(dst + (uint32_t)(b - u0) * RB, wsrc + (b - n) * D,
+					(uint32_t)(ue - b) * RB, bar);
+			}
+		}
+	};
+
+	if constexpr (TMA) {
+		if (threadIdx.x == 0) {
+#pragma unroll
+			for (int s = 0; s < ST; s++)
+				asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
+					(uint32_t)__cvta_generic_to_shared(&dbar[s])));
+			asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		}
+		if ((t1 - t0) % DN_T) {
+			/* a partial last tile leaves rows unwritten: make them
+			 * finite (0 · NaN would poison O) */
+			for (uint32_t i = threadIdx.x; i < ST * 2 * TB / 16; i += blockDim.x)
+				*(uint4 *)(dsm + 16 * i) = make_uint4(0, 0, 0, 0);
+			asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+		}
+		__syncthreads();
+#pragma unroll
+		for (int s = 0; s < ST - 1; s++)
+			if ((uint32_t)s < ntile)
+				issue_bulk(s);
+	} else {
+#pragma unroll
+		for (int s = 0; s < ST - 1; s++) {
+			if ((uint32_t)s < ntile)
+				issue_cp(s);
+			asm volatile("cp.async.commit_group;");
+		}
+	}
+
+	/* Q fragments (pre-scaled by scale·log2e): k-step 2jj+h reads channels
+	 * 8c+4h .. +3 of row g, c = dn_chunk(jj), as K's fragment does */
+	auto dn_chunk = [&](int jj) -> uint32_t {
+		return TMA ? 2 * t + (jj & 1) + 8 * (jj >> 1) : 4 * jj + t;
+	};
+	uint32_t qa[KS][4];
+	{
+		const float *qh = q + (size_t)hi * NQ * D;
+#pragma unroll
+		for (int jj = 0; jj < D / 32; jj++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const int ch = 8 * dn_chunk(jj) + 4 * h;
+				float v[4];
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					v[e] = g < NQ ? qh[g * D + ch + e] * scale2 : 0.0f;
+				dn_split(v[0], v[1], &qa[2 * jj + h][0], &qa[2 * jj + h][1]);
+				dn_split(v[2], v[3], &qa[2 * jj + h][2], &qa[2 * jj + h][3]);
+			}
+	}
+	float acc[D / 8][4];
+#pragma unroll
+	for (int p = 0; p < D / 8; p++)
+		acc[p][0] = acc[p][1] = acc[p][2] = acc[p][3] = 0.0f;
+	float m = -INFINITY, l = 0.0f;
+	/* K row of n-tile nt: byte offset krow + nt * kstep; this lane's
+	 * ldmatrix row (matrix lane/8: tokens +0/+8, chunk +0/+1): vrow */
+	uint32_t krow, kstep, vrow, vsw;
+	if constexpr (TMA) {
+		krow = g * SUB + 2 * w * RB;
+		kstep = RB;
+		vrow = (lane & 7) * SUB + (2 * w + ((lane >> 3) & 1)) * RB;
+		vsw = 0;
+	} else {
+		krow = (w * 16 + g) * RB;
+		kstep = 8 * RB;
+		vrow = (w * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * RB;
+		vsw = dn_sw(lane & 7);
+	}
+	const uint32_t ksw = TMA ? 0u : dn_sw(g);
+
+	for (uint32_t it = 0; it < ntile; it++) {
+		if constexpr (TMA) {
+			__syncthreads(); /* tile it-1 is consumed: its stage is free */
+			if (it + ST - 1 < ntile)
+				issue_bulk(it + ST - 1);
+			dn_wait((uint32_t)__cvta_generic_to_shared(&dbar[it % ST]), (it / ST) & 1);
+		} else {
+			asm volatile("cp.async.wait_group %0;" ::"n"(ST - 2) : "memory");
+			__syncthreads();
+			if (it + ST - 1 < ntile)
+				issue_cp(it + ST - 1);
+			asm volatile("cp.async.commit_group;");
+		}
+		const uint32_t stg = (it % ST) * 2 * TB;
+		const char *Kst = dsm + stg;
+		const uint64_t ts = t0 + (uint64_t)it * DN_T;
+
+		/* S = Q Kᵀ for the warp's 16 tokens (two n-tiles of 8) */
+		float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+		for (int jj = 0; jj < D / 32; jj++) {
+			uint4 kv[2];
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+				kv[nt] = *(const uint4 *)(Kst + krow + nt * kstep +
+							  ((dn_chunk(jj) ^ ksw) * 16));
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) {
+				dn_mma(sc[nt], qa[2 * jj], kv[nt].x, kv[nt].y);
+				dn_mma(sc[nt], qa[2 * jj + 1], kv[nt].z, kv[nt].w);
+			}
+		}
+		/* this lane: row g, columns 2t + e of n-tiles 0 and 1 */
+		float s[2][2];
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 2; e++)
+				s[nt][e] = sc[nt][e] + sc[nt][2 + e];
+		if (ts + DN_T > t1) {
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					const uint32_t tk = TMA ? 8 * (2 * t + e) + 2 * w + nt
+								: w * 16 + nt * 8 + 2 * t + e;
+					if (ts + tk >= t1)
+						s[nt][e] = -INFINITY;
+				}
+		}
+		float mx = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+		const float mn = fmaxf(m, mx);
+		if (__any_sync(0xffffffffu, mn > m)) {
+			const float al = mn > m ? exp2f(m - mn) : 1.0f;
+			l *= al;
+#pragma unroll
+			for (int p = 0; p < D / 8; p++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[p][e] *= al;
+		}
+		m = mn;
+		const float ref = m == -INFINITY ? 0.0f : m;
+		float pr[2][2];
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				pr[nt][e] = exp2f(s[nt][e] - ref);
+				l += pr[nt][e];
+			}
+		uint32_t pa[4];
+		dn_split(pr[0][0], pr[0][1], &pa[0], &pa[1]);
+		dn_split(pr[1][0], pr[1][1], &pa[2], &pa[3]);
+
+		/* O += P V: V fragments by ldmatrix.trans, two n-tiles each */
+		const uint32_t vaddr = sbase + stg + TB + vrow;
+#pragma unroll
+		for (int qq = 0; qq < D / 16; qq++) {
+			uint32_t b0, b1, b2, b3;
+			const uint32_t addr = vaddr + (((2 * qq + (lane >> 4)) ^ vsw) * 16);
+			asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+				     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+				     : "r"(addr)
+				     : "memory");
+			dn_mma(acc[2 * qq], pa, b0, b1);
+			dn_mma(acc[2 * qq + 1], pa, b2, b3);
+		}
+	}
+	if constexpr (!TMA)
+		asm volatile("cp.async.wait_group 0;" ::: "memory");
+	__syncthreads(); /* the tiles are free: reuse them for the warps' states */
+
+	l += __shfl_xor_sync(0xffffffffu, l, 1);
+	l += __shfl_xor_sync(0xffffffffu, l, 2);
+	float *so = (float *)dsm, *sml = so + 4 * NQ * D;
+	if (g < NQ) {
+#pragma unroll
+		for (int p = 0; p < D / 8; p++)
+			*(float2 *)&so[(w * NQ + g) * D + p * 8 + 2 * t] =
+				make_float2(acc[p][0] + acc[p][2], acc[p][1] + acc[p][3]);
+		if (t == 0) {
+			sml[(w * NQ + g) * 2] = m;
+			sml[(w * NQ + g) * 2 + 1] = l;
+		}
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < NQ * D; i += blockDim.x) {
+		const int h = i / D, c = i % D;
+		float M = -INFINITY;
+#pragma unroll
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		float o = 0.0f, ls = 0.0f;
+#pragma unroll
+		for (int ww = 0; ww < 4; ww++) {
+			const float mw = sml[(ww * NQ + h) * 2];
+			const float f = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+			o += f * so[(ww * NQ + h) * D + c];
+			ls += f * sml[(ww * NQ + h) * 2 + 1];
+		}
+		po[i] = o;
+		if (c == 0) {
+			pml[2 * h] = M;
+			pml[2 * h + 1] = ls;
+		}
+	}
 }
 
 /* Quest bounds: one thread per (block, channel). */
@@ -2167,10 +2587,58 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 	return 0;
 }
 
+/* Splits per context for k_attn_dense_tc: n_heads × S a multiple of the
+ * CTAs the GPU holds at once (@slots) where one of the first few is, so that
+ * equal ranges end together; else about 4 waves.  1 <= S <= cap. */
+static uint32_t dn_splits(uint32_t n_heads, uint32_t slots, uint32_t waves, uint32_t cap)
+{
+	uint64_t S = 0;
+	for (uint64_t W = waves; W <= 8u * waves && !S; W += waves)
+		if ((uint64_t)slots * W % n_heads == 0)
+			S = (uint64_t)slots * W / n_heads;
+	if (!S)
+		S = ((uint64_t)slots * 4 * waves + n_heads - 1) / n_heads;
+	S = S < cap ? S : cap;
+	return S ? (uint32_t)S : 1u;
+}
+
+/* The dense step on the tensor cores: k_attn_dense_tc then k_merge over
+ * its S slots.  @waves: resident-CTA waves to aim for (1 by default). */
+template <int NQ, int D, int ST = DN_ST, bool TMA = DN_TMA>
+static int launch_dense_tc(const struct gpu_attn_args *a, const struct gpu_dense_head *heads,
+			   cudaStream_t s, uint32_t waves = 1)
+{
+	struct ws_layout L = ws_plan(a, WS_DENSE);
+	const size_t smem = dn_smem_bytes<D, TMA>(ST);
+	auto kern = k_attn_dense_tc<NQ, D, ST, TMA>;
+	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	int dev = 0, nsm = 0, occ = 0;
+	GPU_CK(cudaGetDevice(&dev));
+	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 128, smem));
+	if (occ < 1)
+		return -EIO;
+	uint64_t maxn = (uint64_t)a->max_blocks * a->quest_b + a->max_win;
+	uint64_t cap = (maxn + DN_T - 1) / DN_T;
+	cap = cap < L.slots ? cap : L.slots; /* the scratch holds L.slots partials */
+	uint32_t S = dn_splits(a->n_heads, (uint32_t)(nsm * occ), waves, (uint32_t)cap);
+	L.max_chunks = S; /* offsets stay ws_plan's: only the merge's slot count changes */
+	L.buf_chunks = 0;
+	L.win_tiles = 0;
+	L.slots = S;
+	kern<<<dim3(S, a->n_heads), 128, smem, s>>>(heads, a->q, scale2_of(a), (char *)a->ws, L, S);
+	GPU_CKL();
+	k_merge<D><<<dim3(a->n_heads, NQ), 8 * D, 0, s>>>(NQ, (char *)a->ws, L, a->out);
+	GPU_CKL();
+	return 0;
+}
+
 template <int NQ, int D>
 static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_head *heads,
 			int quest, int attend, cudaStream_t s)
 {
+	if (!quest && !(a->flags & GPU_ATTN_CUDA_CORES))
+		return launch_dense_tc<NQ, D>(a, heads, s);
 	struct ws_layout L = ws_plan(a, quest ? WS_QUEST : WS_DENSE);
 	char *ws = (char *)a->ws;
 	if (quest) {
