@@ -3,6 +3,6 @@
 # defaults (extra arguments go to the demo; --help lists them).
 set -eu
 cd "$(dirname "$0")/.."
-sh scripts/setup.sh
+sh scripts/setup.sh --no-model  # the demo needs no torch
 sh scripts/build.sh build
 exec build/tools/mosaickv-demo "$@"
