@@ -3,16 +3,86 @@
 For every layer and KV head of each capture: the history (all but the last
 --window tokens) is encoded in --segment-token segments, the window stays
 dense, and the last position's queries (the KV head's GQA group) attend.
-Reports the output relative error against exact attention, per method and
-per layer, and the mean over everything.
+Reports, per method and per layer and over everything:
+  err     the output relative error against exact attention,
+          ||o - o_exact|| / ||o_exact|| over the group's query heads;
+  recall  attention-mass recall: the fraction of the exact softmax mass
+          (over all tokens) that falls on the tokens the method attends
+          (its selected history blocks, the sink block among them, plus the
+          window), averaged over the group's query heads.  Packed methods'
+          selections come from the library (mkv_select_blocks, the selection
+          mkv_attend_packed makes); Quest's is recomputed here and checked
+          against mkv_attend_quest's output.
 """
 import argparse
+import ctypes as C
 import glob
+import math
 import sys
 
 import numpy as np
 
 import mosaickv as mkv
+from mosaickv import _lib
+
+_L = mkv._L
+
+
+class BlockRef(C.Structure):
+    _fields_ = [("seg", C.c_uint32), ("block", C.c_uint32)]
+
+
+_L.mkv_select_blocks.restype = C.c_int64
+_L.mkv_select_blocks.argtypes = [C.POINTER(_lib.AttnOpts), C.c_void_p, C.c_void_p,
+                                 C.c_size_t, C.POINTER(BlockRef), C.c_size_t]
+
+
+def select_packed(q, ksegs, frac):
+    """Token mask over the history of the blocks mkv_attend_packed selects."""
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    o = _lib.AttnOpts()
+    mkv._check(_L.mkv_attn_opts_init(C.byref(o), C.sizeof(o)), "opts")
+    o.n_q, o.d, o.token_frac, o.quest_b = q.shape[0], q.shape[1], frac, 16
+    KA = (C.c_void_p * len(ksegs))(*[sg.handle for sg in ksegs])
+    cap = sum(math.ceil(sg.n / sg.view()["b"]) for sg in ksegs)
+    sel = (BlockRef * cap)()
+    n = mkv._check(_L.mkv_select_blocks(C.byref(o), q.ctypes.data, KA, len(ksegs), sel, cap),
+                   "select")
+    starts = np.cumsum([0] + [sg.n for sg in ksegs])
+    mask = np.zeros(starts[-1], dtype=bool)
+    for ref in sel[:n]:
+        b = ksegs[ref.seg].view()["b"]
+        a = starts[ref.seg] + ref.block * b
+        mask[a:min(a + b, starts[ref.seg + 1])] = True
+    return mask
+
+
+def select_quest(q, k, frac, b=16):
+    """Quest's selection over dense keys k (the rule of mkv_attend_quest):
+    the sink block, then blocks by their min/max bound (max over the query
+    heads) until ceil(frac * n) tokens."""
+    n = k.shape[0]
+    nb = (n + b - 1) // b
+    pad = np.concatenate([k, np.repeat(k[-1:], nb * b - n, axis=0)]).reshape(nb, b, -1)
+    mn, mx = pad.min(1), pad.max(1)
+    score = np.maximum(q[:, None, :] * mn[None], q[:, None, :] * mx[None]).sum(-1).max(0)
+    budget = n if frac >= 1 else math.ceil(frac * n)
+    mask = np.zeros(n, dtype=bool)
+    mask[:b] = True
+    taken = min(b, n)
+    for j in sorted(range(1, nb), key=lambda j: (-score[j], j)):
+        if taken >= budget:
+            break
+        mask[j * b:(j + 1) * b] = True
+        taken += min(b, n - j * b)
+    return mask
+
+
+def exact_probs(q, k):
+    s = (q.astype(np.float64) @ k.T.astype(np.float64)) / math.sqrt(q.shape[1])
+    s -= s.max(1, keepdims=True)
+    p = np.exp(s)
+    return p / p.sum(1, keepdims=True)
 
 
 def methods(d, chan, frac):
@@ -28,9 +98,10 @@ def methods(d, chan, frac):
     }
 
 
-def run(paths, seg, window, chan, frac):
-    errs = {}
-    per_layer = {}
+def run(paths, seg, window, chan, frac, layers=None):
+    errs, rec = {}, {}
+    per_layer, per_layer_rec = {}, {}
+    quest_check = 0.0
     for path in paths:
         z = np.load(path)
         q_all, k_all, v_all = z["q"], z["k"], z["v"]
@@ -38,16 +109,24 @@ def run(paths, seg, window, chan, frac):
         hkv, n = k_all.shape[1], k_all.shape[2]
         grp = hq // hkv
         nh = n - window
-        for layer in range(L):
+        for layer in (layers if layers is not None else range(L)):
             for h in range(hkv):
                 q = q_all[layer, h * grp:(h + 1) * grp]
                 k, v = k_all[layer, h], v_all[layer, h]
                 ref = mkv.attend_dense(q, k, v)
                 nref = np.linalg.norm(ref)
+                p = exact_probs(q, k)
                 for name, (kw, tf) in methods(d, chan, frac).items():
                     if kw is None:
                         out, _ = mkv.attend_quest(q, k[:nh], v[:nh], k[nh:], v[nh:],
                                                   token_frac=tf)
+                        sel = select_quest(q, k[:nh], tf)
+                        # The recomputed selection must be Quest's: exact
+                        # attention over it reproduces attend_quest.
+                        m = np.concatenate([sel, np.ones(n - nh, dtype=bool)])
+                        chk = mkv.attend_dense(q, k[m], v[m])
+                        quest_check = max(quest_check,
+                                          float(np.abs(chk - out).max() / np.abs(out).max()))
                     else:
                         ks = [mkv.Segment(k[i:min(i + seg, nh)], kind="key", **kw)
                               for i in range(0, nh, seg)]
@@ -55,10 +134,14 @@ def run(paths, seg, window, chan, frac):
                               for i in range(0, nh, seg)]
                         out, _ = mkv.attend_packed(q, ks, vs, k[nh:], v[nh:],
                                                    token_frac=tf)
+                        sel = select_packed(q, ks, tf)
                     e = float(np.linalg.norm(out - ref) / nref)
+                    r = float((p[:, :nh][:, sel].sum(1) + p[:, nh:].sum(1)).mean())
                     errs.setdefault(name, []).append(e)
+                    rec.setdefault(name, []).append(r)
                     per_layer.setdefault(name, {}).setdefault(layer, []).append(e)
-    return errs, per_layer
+                    per_layer_rec.setdefault(name, {}).setdefault(layer, []).append(r)
+    return errs, per_layer, rec, per_layer_rec, quest_check
 
 
 def main():
@@ -69,20 +152,34 @@ def main():
     ap.add_argument("--channels", type=float, default=0.25)
     ap.add_argument("--tokens-frac", type=float, default=0.1)
     ap.add_argument("--per-layer", action="store_true")
+    ap.add_argument("--layers", help="comma-separated subset of layers (default all)")
     a = ap.parse_args()
     paths = sorted(p for c in a.captures for p in glob.glob(c))
-    errs, per_layer = run(paths, a.segment, a.window, a.channels, a.tokens_frac)
+    errs, per_layer, rec, per_layer_rec, qchk = run(paths, a.segment, a.window,
+                                                    a.channels, a.tokens_frac,
+                                                    [int(x) for x in a.layers.split(",")]
+                                                    if a.layers else None)
     names = list(errs)
     if a.per_layer:
-        print("layer " + " ".join(f"{n:>13}" for n in names))
+        print("per layer, mean over KV heads and captures: output relative error / "
+              "attention-mass recall")
+        print("| layer | " + " | ".join(names) + " |")
+        print("| --- |" + " --- |" * len(names))
         for layer in sorted(per_layer[names[0]]):
-            print(f"{layer:5d} " + " ".join(f"{np.mean(per_layer[n][layer]):13.4f}" for n in names))
-    print(f"{'method':>14} {'mean err':>9} {'median':>8} {'p90':>8}")
+            print(f"| {layer} | " + " | ".join(
+                f"{np.mean(per_layer[n][layer]):.3f} / {np.mean(per_layer_rec[n][layer]):.3f}"
+                for n in names) + " |")
+    print(f"{'method':>14} {'mean err':>9} {'median':>8} {'p90':>8} {'recall':>8} "
+          f"{'median':>8} {'p10':>8}")
     for n in names:
-        e = np.array(errs[n])
-        print(f"{n:>14} {e.mean():9.4f} {np.median(e):8.4f} {np.percentile(e, 90):8.4f}")
+        e, r = np.array(errs[n]), np.array(rec[n])
+        print(f"{n:>14} {e.mean():9.4f} {np.median(e):8.4f} {np.percentile(e, 90):8.4f} "
+              f"{r.mean():8.4f} {np.median(r):8.4f} {np.percentile(r, 10):8.4f}")
+    print(f"Quest selection recomputed here vs mkv_attend_quest: max relative output "
+          f"difference {qchk:.1e}")
     print("RESULT name=fidelity " + " ".join(
-        f"err_{n}={np.mean(errs[n]):.4f}" for n in names))
+        f"err_{n}={np.mean(errs[n]):.4f}" for n in names) + " " + " ".join(
+        f"recall_{n}={np.mean(rec[n]):.4f}" for n in names))
 
 
 if __name__ == "__main__":

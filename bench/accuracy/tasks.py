@@ -52,3 +52,204 @@ def passkey(tok, n_tokens, seed, kind="number", n_keys=1):
 TASKS = {
     "passkey_number": lambda tok, n, s: passkey(tok, n, s, "number", 1),
 }
+
+# ---------------------------------------------------------------------------
+# The RULER-style suite (Hsieh et al., 2024, "RULER: what's the real context
+# size of your long-context language models?"), re-implemented here so that
+# nothing has to be downloaded.  Every generator returns a dict:
+#   prompt   the text (plain completion, ending in an answer prefix)
+#   answers  the strings scored: an example scores the fraction of them found
+#            (case-insensitive) in the generated text, RULER's string_match_all
+#   max_new  how many tokens to generate at most
+# The haystack of the needle tasks is the repeated filler above (RULER's
+# "noise" haystack); variable tracking uses it too.
+
+_VALUE_WORDS = ("crimson violet amber indigo scarlet emerald cobalt saffron "
+                "teal magenta ochre turquoise lavender maroon beige charcoal "
+                "badger otter heron lynx walrus condor gecko bison ferret "
+                "panther pelican salmon tortoise weasel yak zebra koala "
+                "mongoose narwhal ocelot puffin quokka raccoon").split()
+
+
+def _fill_to(tok, n_tokens, inserts, tail, rng, ordered=False, filler=_FILLER):
+    """Filler of about n_tokens - len(inserts + tail) tokens with the
+    @inserts sentences at random depths (kept in their order when
+    @ordered), then @tail."""
+    unit = len(tok.encode(filler, add_special_tokens=False))
+    fixed = len(tok.encode(" ".join(inserts) + tail, add_special_tokens=False))
+    reps = max(2, (n_tokens - fixed) // unit)
+    at = [rng.randint(0, reps) for _ in inserts]
+    if ordered:
+        at.sort()
+    slots = {}
+    for pos, s in zip(at, inserts):
+        slots.setdefault(pos, []).append(s + " ")
+    parts = []
+    for i in range(reps + 1):
+        parts.extend(slots.get(i, ()))
+        if i < reps:
+            parts.append(filler)
+    return "".join(parts) + tail
+
+
+def _value(rng, kind):
+    if kind == "number":
+        return str(rng.randint(1000000, 9999999))
+    if kind == "word":
+        return rng.choice(_VALUE_WORDS)
+    return str(uuid.UUID(int=rng.getrandbits(128)))
+
+
+_MAX_NEW = {"number": 10, "word": 8, "uuid": 44}
+
+
+def niah(tok, n_tokens, seed, kind="number", keys=1, values=1, queries=1):
+    """Needle in a haystack, RULER's niah_* family.  @keys needles with
+    distinct keys (the extra ones are distractors: multi-key), the asked
+    key(s) holding @values values each (multi-value), @queries keys asked
+    at once (multi-query)."""
+    rng = random.Random(seed)
+    names = rng.sample(_WORDS, keys)
+    vals = {}
+    used = set()
+    for k in names:
+        vals[k] = []
+        for _ in range(values if k in names[:queries] else 1):
+            v = _value(rng, kind)
+            while v in used:
+                v = _value(rng, kind)
+            used.add(v)
+            vals[k].append(v)
+    asked = names[:queries]
+    needles = [f"One of the special magic {kind}s for {k} is: {v}." if values > 1 else
+               f"The special magic {kind} for {k} is: {v}."
+               for k in names for v in vals[k]]
+    rng.shuffle(needles)
+    who = ", ".join(asked[:-1]) + " and " + asked[-1] if queries > 1 else asked[0]
+    if values > 1 or queries > 1:
+        tail = (f"\nWhat are all the special magic {kind}s for {who} mentioned in the "
+                f"provided text? The special magic {kind}s for {who} mentioned in the "
+                f"provided text are:")
+    else:
+        tail = (f"\nWhat is the special magic {kind} for {who} mentioned in the provided "
+                f"text? The special magic {kind} for {who} mentioned in the provided "
+                f"text is:")
+    answers = [v for k in asked for v in vals[k]]
+    return {"prompt": _fill_to(tok, n_tokens, needles, tail, rng),
+            "answers": answers,
+            "max_new": _MAX_NEW[kind] * len(answers) + 4 * (len(answers) - 1)}
+
+
+def _var_name(rng):
+    return "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
+
+
+def variable_tracking(tok, n_tokens, seed, hops=2, chains=1):
+    """RULER's vt: chains of assignments VAR X = 12345, VAR Y = VAR X, ...
+    spread in order through the haystack; asked for every variable that
+    holds the first chain's value."""
+    rng = random.Random(seed)
+    inserts, first = [], None
+    names = set()
+    for c in range(chains):
+        val = str(rng.randint(10000, 99999))
+        chain = []
+        while len(chain) < hops + 1:
+            nm = _var_name(rng)
+            if nm not in names:
+                names.add(nm)
+                chain.append(nm)
+        stmts = [f"VAR {chain[0]} = {val}."] + [
+            f"VAR {chain[i]} = VAR {chain[i - 1]}." for i in range(1, len(chain))]
+        inserts.append(stmts)
+        if first is None:
+            first = (val, chain)
+    # Interleave the chains, each kept in order.
+    flat = []
+    while any(inserts):
+        i = rng.choice([j for j, s in enumerate(inserts) if s])
+        flat.append(inserts[i].pop(0))
+    val, chain = first
+    tail = (f"\nQuestion: Find all variables that are assigned the value {val} in the "
+            f"text above. Answer: According to the chain(s) of variable assignment in "
+            f"the text above, {len(chain)} variables are assigned the value {val}, "
+            f"they are:")
+    return {"prompt": _fill_to(tok, n_tokens, flat, tail, rng, ordered=True),
+            "answers": chain, "max_new": 5 * len(chain) + 4}
+
+
+_VOCAB = None
+
+
+def _vocab(tok):
+    """Distinct lowercase alphabetic words of 4-9 letters that are single
+    tokens of the tokenizer (with a leading space): a deterministic word
+    list for common-word extraction."""
+    global _VOCAB
+    if _VOCAB is None:
+        words = set()
+        for t in tok.get_vocab():
+            w = t[1:]
+            if t.startswith("\u0120") and w.isalpha() and w.islower() and w.isascii() \
+                    and 5 <= len(w) <= 9 and any(c in "aeiouy" for c in w):
+                words.add(t[1:])
+        _VOCAB = sorted(words)
+    return _VOCAB
+
+
+def common_words(tok, n_tokens, seed, common=10, freq_common=30, freq_rare=3):
+    """RULER's cwe: a numbered list of words in which @common words appear
+    @freq_common times each and the others @freq_rare times; asked for the
+    @common most frequent ones."""
+    rng = random.Random(seed)
+    vocab = _vocab(tok)
+    per_entry = 6  # "123. word ": about 6 tokens
+    tail = (f"\nQuestion: What are the {common} most common words in the above list? "
+            f"Answer: The top {common} words that appear most often in the list are:")
+    budget = (n_tokens - len(tok.encode(tail, add_special_tokens=False))) // per_entry
+    # The common words take at most half of the list (RULER lowers their
+    # frequency at short lengths too).
+    freq_common = max(2 * freq_rare, min(freq_common, budget // (2 * common)))
+    n_rare = max(1, (budget - common * freq_common) // freq_rare)
+    pick = rng.sample(vocab, common + n_rare)
+    cw, rare = pick[:common], pick[common:]
+    words = cw * freq_common + rare * freq_rare
+    rng.shuffle(words)
+    body = " ".join(f"{i + 1}. {w}" for i, w in enumerate(words))
+    # Trim to the budget in tokens (the estimate above is coarse).
+    ids = tok.encode(body, add_special_tokens=False)
+    limit = n_tokens - len(tok.encode(tail, add_special_tokens=False))
+    if len(ids) > limit:
+        body = tok.decode(ids[:limit]).rsplit(" ", 2)[0]
+    return {"prompt": "Below is a numbered list of words. In these words, some appear "
+                      "more often than others. Memorize the ones that appear most "
+                      "often.\n" + body + tail,
+            "answers": cw, "max_new": 4 * common + 4}
+
+
+# name -> generator(tok, n_tokens, seed) -> {"prompt", "answers", "max_new"}.
+# Several variants per RULER task, easy to hard, for calibration.
+SUITE = {
+    "niah_single_number": lambda t, n, s: niah(t, n, s, "number"),
+    "niah_single_word": lambda t, n, s: niah(t, n, s, "word"),
+    "niah_single_uuid": lambda t, n, s: niah(t, n, s, "uuid"),
+    "niah_multikey2_number": lambda t, n, s: niah(t, n, s, "number", keys=2),
+    "niah_multikey4_number": lambda t, n, s: niah(t, n, s, "number", keys=4),
+    "niah_multikey4_uuid": lambda t, n, s: niah(t, n, s, "uuid", keys=4),
+    "niah_multivalue2_number": lambda t, n, s: niah(t, n, s, "number", values=2),
+    "niah_multivalue4_number": lambda t, n, s: niah(t, n, s, "number", values=4),
+    "niah_multiquery2_number": lambda t, n, s: niah(t, n, s, "number", keys=4, queries=2),
+    "niah_multiquery4_number": lambda t, n, s: niah(t, n, s, "number", keys=4, queries=4),
+    "vt_hops1": lambda t, n, s: variable_tracking(t, n, s, hops=1),
+    "vt_hops2": lambda t, n, s: variable_tracking(t, n, s, hops=2),
+    "vt_hops4": lambda t, n, s: variable_tracking(t, n, s, hops=4),
+    "cwe_common3": lambda t, n, s: common_words(t, n, s, common=3, freq_common=30),
+    "cwe_common10": lambda t, n, s: common_words(t, n, s, common=10, freq_common=30),
+}
+
+
+def score(text, answers):
+    """RULER's string_match_all: the fraction of @answers found in @text."""
+    low = text.lower()
+    return sum(a.lower() in low for a in answers) / len(answers)
+
