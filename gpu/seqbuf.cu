@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Device images of a sequence's segments (mosaickv/seqgpu.c): the layout of
- * gpu_seg_upload (layout.cu) with room for @cap tokens, so that one
- * allocation serves a closed segment (cap = n) and an update buffer that
- * gpu_append() grows in place.  The image is built in host memory and the
+ * Device images of segments: the layout of struct gpu_seg with room for
+ * @cap tokens, so that one allocation serves a closed segment (cap = n,
+ * which is also what gpu_seg_upload in layout.cu copies) and an update
+ * buffer that gpu_append() grows in place (mosaickv/seqgpu.c).  The image is built in host memory and the
  * caller copies it with whatever stream it owns: nothing here touches
  * CUDA, so a worker thread can build images while the decode thread's
  * stream runs.
