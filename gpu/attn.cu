@@ -1435,6 +1435,60 @@ __device__ void packed_finish(const struct gpu_seg &sg, pstate<NQ> &st, pk_smem 
 	}
 }
 
+/*
+ * What CTA @x of head @hi of a PackedAttention launch works on, for both
+ * kernels (CUDA cores and tensor cores): a tile of the dense window
+ * (attended here), nothing (its partial marked empty), a chunk of selected
+ * blocks of one segment (*list, *cnt), or a chunk of the update buffer's
+ * blocks from *b0 on (*list NULL).  Returns false when the CTA is done.
+ */
+template <int NQ, int D>
+static __device__ __forceinline__ bool
+packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, uint32_t hi,
+		char *ws, const struct ws_layout &L, const float *qh, float scale2, float *red,
+		float *po, float *pml, const struct gpu_seg **sgp, const uint32_t **list,
+		uint32_t *si, uint32_t *b0, uint32_t *cnt)
+{
+	if (x >= L.max_chunks + L.buf_chunks) { /* dense window tile */
+		uint32_t t0 = (x - L.max_chunks - L.buf_chunks) * WIN_TILE;
+		if (t0 >= H->win_n) {
+			mark_empty(pml, NQ);
+			return false;
+		}
+		window_cta<NQ, D, 8>(H->win_k, H->win_v, t0, min(H->win_n, t0 + WIN_TILE), qh, scale2,
+				     red, po, pml);
+		return false;
+	}
+	if (x < L.max_chunks) {
+		uint32_t nch = counts[1];
+		if (x >= nch) {
+			mark_empty(pml, NQ);
+			return false;
+		}
+		const uint32_t *chunk = WSP(uint32_t, L, chunk, ws, hi);
+		uint32_t s0 = chunk[x];
+		*cnt = chunk[x + 1] - s0;
+		*list = WSP(uint32_t, L, sel, ws, hi) + s0;
+		*si = WSP(uint32_t, L, selseg, ws, hi)[s0];
+		*sgp = &H->segs[*si];
+		return true;
+	}
+	if (!H->buf) {
+		mark_empty(pml, NQ);
+		return false;
+	}
+	*sgp = H->buf;
+	*si = H->nseg;
+	uint32_t nbb = (H->buf->n + H->buf->b - 1) / H->buf->b;
+	*b0 = (x - L.max_chunks) * GPU_CHUNK_W;
+	if (*b0 >= nbb) {
+		mark_empty(pml, NQ);
+		return false;
+	}
+	*cnt = min(nbb - *b0, (uint32_t)GPU_CHUNK_W);
+	return true;
+}
+
 template <int NQ, int D>
 __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *heads, const float *q,
 						     float scale2, char *ws, struct ws_layout L)
@@ -1450,46 +1504,12 @@ __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *head
 	constexpr int P = NQP(NQ);
 	int w = threadIdx.x >> 5;
 
-	if (x >= L.max_chunks + L.buf_chunks) { /* dense window tile */
-		uint32_t t0 = (x - L.max_chunks - L.buf_chunks) * WIN_TILE;
-		if (t0 >= H->win_n) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		window_cta<NQ, D, 8>(H->win_k, H->win_v, t0, min(H->win_n, t0 + WIN_TILE), qh, scale2,
-				     sm.red, po, pml);
-		return;
-	}
 	const struct gpu_seg *sgp;
 	const uint32_t *list = NULL;
 	uint32_t si, b0 = 0, cnt;
-	if (x < L.max_chunks) {
-		uint32_t nch = counts[1];
-		if (x >= nch) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		const uint32_t *chunk = WSP(uint32_t, L, chunk, ws, hi);
-		uint32_t s0 = chunk[x];
-		cnt = chunk[x + 1] - s0;
-		list = WSP(uint32_t, L, sel, ws, hi) + s0;
-		si = WSP(uint32_t, L, selseg, ws, hi)[s0];
-		sgp = &H->segs[si];
-	} else {
-		if (!H->buf) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		sgp = H->buf;
-		si = H->nseg;
-		uint32_t nbb = (sgp->n + sgp->b - 1) / sgp->b;
-		b0 = (x - L.max_chunks) * GPU_CHUNK_W;
-		if (b0 >= nbb) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		cnt = min(nbb - b0, (uint32_t)GPU_CHUNK_W);
-	}
+	if (!packed_cta_work<NQ, D>(H, counts, x, hi, ws, L, qh, scale2, sm.red, po, pml, &sgp,
+				    &list, &si, &b0, &cnt))
+		return;
 	const struct gpu_seg sg = *sgp;
 	/* R_v arrives in shared memory while the blocks are attended */
 	cta_copy_async(sm.rv, sg.v_rot, sg.v_dk * D * 2);
@@ -1787,46 +1807,12 @@ __global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head
 	constexpr int P = NQP(NQ);
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
 
-	if (x >= L.max_chunks + L.buf_chunks) { /* dense window tile */
-		uint32_t t0 = (x - L.max_chunks - L.buf_chunks) * WIN_TILE;
-		if (t0 >= H->win_n) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		window_cta<NQ, D, 8>(H->win_k, H->win_v, t0, min(H->win_n, t0 + WIN_TILE), qh, scale2,
-				     sm.red, po, pml);
-		return;
-	}
 	const struct gpu_seg *sgp;
 	const uint32_t *list = NULL;
 	uint32_t si, b0 = 0, cnt;
-	if (x < L.max_chunks) {
-		uint32_t nch = counts[1];
-		if (x >= nch) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		const uint32_t *chunk = WSP(uint32_t, L, chunk, ws, hi);
-		uint32_t s0 = chunk[x];
-		cnt = chunk[x + 1] - s0;
-		list = WSP(uint32_t, L, sel, ws, hi) + s0;
-		si = WSP(uint32_t, L, selseg, ws, hi)[s0];
-		sgp = &H->segs[si];
-	} else {
-		if (!H->buf) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		sgp = H->buf;
-		si = H->nseg;
-		uint32_t nbb = (sgp->n + sgp->b - 1) / sgp->b;
-		b0 = (x - L.max_chunks) * GPU_CHUNK_W;
-		if (b0 >= nbb) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		cnt = min(nbb - b0, (uint32_t)GPU_CHUNK_W);
-	}
+	if (!packed_cta_work<NQ, D>(H, counts, x, hi, ws, L, qh, scale2, sm.red, po, pml, &sgp,
+				    &list, &si, &b0, &cnt))
+		return;
 	const struct gpu_seg sg = *sgp;
 	prefetch_l2(sg.v_rot, sg.v_dk * D * 2); /* for the rotation back */
 	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * GPU_MAX_D * P;
