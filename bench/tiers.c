@@ -9,14 +9,24 @@
  *    in the pinned host tier, HBM on the device.  Each step fetches a fresh
  *    random 10% of every segment's blocks, and each contender moves exactly
  *    those block bytes to the device:
- *      fetch_gather   mkv_store_fetch: one gather kernel reads the mapped
- *                     pinned chunks into the device staging;
+ *      fetch_gather   mkv_store_fetch with the defaults: one gather
+ *                     kernel reads the mapped pinned chunks into the
+ *                     device staging (zero-copy), launched in parts while
+ *                     the fetch still resolves blocks;
+ *      fetch_threads  mkv_store_fetch with fetch_threads = 8: the threads
+ *                     pack the blocks into pinned staging while the fetch
+ *                     resolves them, each run of chunks copied by the
+ *                     copy engine as soon as it is packed, and half the
+ *                     bytes (whole segments) left to the kernel at once
+ *                     (fetch_kernel_share 0.5), or none (share 0);
  *      fetch_mapped   mkv_store_fetch with fetch_mapped = 1 (addresses in
  *                     place) + the gather kernel reading them, i.e. what a
  *                     consumer kernel reading them over PCIe moves;
  *      kernel_only    that gather kernel alone (no store bookkeeping),
  *                     its table read in place, and uploaded first;
  *      h2d_pinned     one cudaMemcpy of the same byte count, pinned source;
+ *                     for reference also one 64 MiB copy (the link's rate
+ *                     for large copies, not the denominator);
  *      per_block      one cudaMemcpyAsync per block range (values, bitmaps).
  *    gather_frac_h2d = fetch_gather / h2d_pinned (goal >= 0.8).
  * 2. NVMe (any machine; --dir, default a temp dir under /var/tmp): the
@@ -58,6 +68,7 @@
 #include <mosaickv.h>
 #include "io/uring.h"
 #include "mkv_config.h"
+#include "mosaickv/packpool.h"
 #include "tiers/tier.h"
 
 #if MKV_HAVE_CUDA
@@ -151,7 +162,8 @@ static struct mkv_segment *make_segment(enum mkv_kind kind)
 /* GPU: gathered fetch against plain pinned H2D                            */
 
 struct gpu_fig {
-	double gather, mapped, kernel, kernel_up, h2d, per_block;
+	double gather, gather4, gather2, mapped, kernel, kernel_up;
+	double h2d, h2d_big, per_block;
 	double bytes, blocks;
 };
 
@@ -177,7 +189,8 @@ static int gpu_present(void)
 		}                                                             \
 	} while (0)
 
-static struct mkv_store *gpu_store(struct mkv_segment **segs, int mapped)
+static struct mkv_store *gpu_store(struct mkv_segment **segs, int mapped,
+				   uint32_t threads, double share)
 {
 	struct mkv_store_opts o;
 	struct mkv_store *s = NULL;
@@ -189,6 +202,8 @@ static struct mkv_store *gpu_store(struct mkv_segment **segs, int mapped)
 	o.host_bytes = (size_t)1 << 30;
 	o.auto_balance = 0;
 	o.fetch_mapped = (uint32_t)mapped;
+	o.fetch_threads = threads;
+	o.fetch_kernel_share = share;
 	CK(mkv_store_create(&o, &s));
 	for (uint32_t i = 0; i < NSEG; i++) {
 		struct mkv_seg_key k = { .seq = 1, .seg = i, .kind = i % 2 };
@@ -246,16 +261,157 @@ static void reqs_for(struct mkv_fetch_req *req, const uint32_t *sel, int st,
 			.n_blocks = per };
 }
 
+struct diag_copy {
+	char *dev, *host;
+	cudaStream_t st;
+};
+
+static int diag_copy_fn(void *arg, uint64_t off, uint64_t len)
+{
+	struct diag_copy *d = arg;
+
+	return cudaMemcpyAsync(d->dev + off, d->host + off, len,
+			       cudaMemcpyHostToDevice, d->st) == cudaSuccess ?
+		       0 : -EIO;
+}
+
+/*
+ * Where a threaded fetch's time goes, on the same pieces without the
+ * store: one thread packing, the pool packing (no copy), the pool packing
+ * and copying (no store bookkeeping).  Printed, not in the RESULT line.
+ */
+static void diag_pieces(struct mkv_fetch *fm, struct mkv_fetch_req *req,
+			const uint32_t *sel, uint32_t per, uint32_t nblk,
+			int st, struct mkv_block_addr *out, struct pp_piece *pc,
+			uint32_t *np, uint64_t *bytes)
+{
+	uint64_t pos = 0;
+
+	*np = 0;
+	reqs_for(req, sel, st, per);
+	CK(mkv_store_fetch(fm, req, NSEG, (uint64_t)st + 2, out));
+	for (uint32_t k = 0; k < nblk; k++) {
+		pc[(*np)++] = (struct pp_piece){ out[k].values, pos,
+						 out[k].values_bytes };
+		pos += out[k].values_bytes;
+		pc[(*np)++] = (struct pp_piece){ out[k].bitmaps, pos,
+						 out[k].bitmaps_bytes };
+		pos += out[k].bitmaps_bytes;
+	}
+	*bytes = pos;
+}
+
+/*
+ * Where a threaded fetch's time goes, on the same pieces without the
+ * store: one thread packing (memcpy), the pool packing (no copy), the
+ * pool packing and copying (no store bookkeeping); one pass each, the
+ * pool's threads kept spinning between steps.  Printed, not in RESULT.
+ */
+static void diag_pack(struct mkv_fetch *fm, struct mkv_fetch_req *req,
+		      const uint32_t *sel, uint32_t per, uint32_t nblk,
+		      char *dbuf, int steps, unsigned threads)
+{
+	struct mkv_block_addr *out = calloc(nblk, sizeof *out);
+	struct pp_piece *pc = calloc(2 * nblk, sizeof *pc);
+	double *t = calloc(3 * (size_t)steps, sizeof *t);
+	struct diag_copy dc = { dbuf, NULL, NULL };
+	char *stage;
+
+	CU(cudaMallocHost((void **)&stage, 32 << 20));
+	dc.host = stage;
+	CU(cudaStreamCreateWithFlags(&dc.st, cudaStreamNonBlocking));
+	for (int mode = 0; mode < 3; mode++) {
+		struct packpool *pp = NULL;
+
+		if (mode)
+			CK(packpool_create(threads, -1, 5000,
+					   mode == 2 ? diag_copy_fn : NULL, &dc,
+					   &pp));
+		for (int st = 0; st <= steps; st++) {
+			uint32_t np;
+			uint64_t bytes;
+			double t0;
+
+			diag_pieces(fm, req, sel, per, nblk, st, out, pc, &np,
+				    &bytes);
+			t0 = now();
+			if (!mode) {
+				for (uint32_t k = 0; k < np; k++)
+					memcpy(stage + pc[k].dst, pc[k].src,
+					       pc[k].len);
+			} else {
+				packpool_begin(pp, pc, stage);
+				for (uint32_t k = 52; k < np; k += 52)
+					packpool_publish(pp, k);
+				CK(packpool_finish(pp, np));
+				if (mode == 2)
+					CU(cudaStreamSynchronize(dc.st));
+			}
+			if (st)
+				t[mode * steps + st - 1] =
+					(double)bytes / (now() - t0);
+		}
+		packpool_destroy(pp);
+	}
+	printf("diag: pack 1 thread %.2f GB/s, pool of %u pack only %.2f GB/s, "
+	       "pool pack + async H2D %.2f GB/s (no store)\n",
+	       median(t, steps) * 1e-9, threads, median(t + steps, steps) * 1e-9,
+	       median(t + 2 * steps, steps) * 1e-9);
+	cudaStreamDestroy(dc.st);
+	cudaFreeHost(stage);
+	mkv_fetch_release(fm);
+	free(out);
+	free(pc);
+	free(t);
+}
+
+/* @steps timed fetches on @f (after one untimed), each followed by one
+ * pinned H2D of the same bytes: bytes/s into @tf and @th. */
+static void fetch_pass(struct mkv_fetch *f, struct mkv_fetch_req *req,
+		       const uint32_t *sel, uint32_t per, uint32_t nblk,
+		       char *dbuf, const char *hbuf, int steps, double *tf,
+		       double *th)
+{
+	struct mkv_block_addr *out = calloc(nblk, sizeof *out);
+
+	for (int st = 0; st <= steps; st++) {
+		size_t sb = 0;
+		double t0, dt_f, dt_h;
+		int64_t got;
+
+		reqs_for(req, sel, st, per);
+		t0 = now();
+		got = mkv_store_fetch(f, req, NSEG, (uint64_t)st + 2, out);
+		dt_f = now() - t0;
+		CK(got);
+		if ((uint32_t)got != nblk || !out[0].device) {
+			fprintf(stderr, "fetch staged %lld of %u blocks\n",
+				(long long)got, nblk);
+			exit(1);
+		}
+		for (uint32_t k = 0; k < nblk; k++)
+			sb += out[k].values_bytes + out[k].bitmaps_bytes;
+		t0 = now();
+		CU(cudaMemcpy(dbuf, hbuf, sb, cudaMemcpyHostToDevice));
+		dt_h = now() - t0;
+		if (st == 0)
+			continue;
+		tf[st - 1] = (double)sb / dt_f;
+		th[st - 1] = (double)sb / dt_h;
+	}
+	free(out);
+}
+
 static void run_gpu(struct gpu_fig *fig, int steps)
 {
 	struct mkv_segment *segs[NSEG];
 	struct mkv_packed_view pv;
 	struct mkv_fetch_req req[NSEG];
-	struct mkv_fetch *fg, *fm;
+	struct mkv_fetch *fg, *fm, *f4, *f2;
 	struct gpu_gather_ctx *gc;
 	struct mkv_block_addr *out;
 	struct cudaDeviceProp prop;
-	double *tg, *tm, *tk, *tu, *th, *tp, t0;
+	double *tg, *tm, *tk, *tu, *th, *tp, *t4, *t2, t0;
 	uint32_t nb, per, nblk;
 	size_t bytes = 0, max_bytes = 0;
 	char *hbuf, *dbuf;
@@ -268,7 +424,10 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	nb = (uint32_t)((pv.n + B - 1) / B);
 	per = (uint32_t)(nb * FRAC + 0.5);
 	nblk = NSEG * per;
-	struct mkv_store *sg = gpu_store(segs, 0), *sm = gpu_store(segs, 1);
+	struct mkv_store *sg = gpu_store(segs, 0, 0, 0.5),
+			 *sm = gpu_store(segs, 1, 0, 1);
+	struct mkv_store *s4 = gpu_store(segs, 0, 8, 0.5),
+			 *s2 = gpu_store(segs, 0, 8, 0);
 	uint32_t *sel = make_selections(nb, per, steps + 1);
 
 	out = calloc(nblk, sizeof *out);
@@ -276,8 +435,10 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	tm = calloc((size_t)steps, sizeof *tm);
 	tk = calloc((size_t)steps, sizeof *tk);
 	tu = calloc((size_t)steps, sizeof *tu);
-	th = calloc((size_t)steps, sizeof *th);
+	th = calloc((size_t)steps * 4, sizeof *th);
 	tp = calloc((size_t)steps, sizeof *tp);
+	t4 = calloc((size_t)steps, sizeof *t4);
+	t2 = calloc((size_t)steps, sizeof *t2);
 	/* Byte count of a step (equal for every step up to the odd short
 	 * last block: take the largest for the staging sizes). */
 	CK(mkv_fetch_create(sm, (size_t)32 << 20, &fm));
@@ -294,12 +455,36 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	}
 	mkv_fetch_release(fm);
 	CK(mkv_fetch_create(sg, max_bytes, &fg));
+	CK(mkv_fetch_create(s4, max_bytes, &f4));
+	CK(mkv_fetch_create(s2, max_bytes, &f2));
 	CK(gpu_gather_ctx_create(0, 2 * nblk, &gc));
 	CU(cudaMallocHost((void **)&hbuf, max_bytes));
 	memset(hbuf, 1, max_bytes);
 	CU(cudaMalloc((void **)&dbuf, max_bytes));
 	CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
 
+	/*
+	 * The store's fetches, one contender per pass over the same
+	 * selections, each fetch followed by a plain H2D of its bytes: a
+	 * pass of its own because idle fetch threads spin for a while, and
+	 * another store's spinning threads would take the cores this one's
+	 * need (the H2D figure is the median over all passes).
+	 */
+	fetch_pass(f2, req, sel, per, nblk, dbuf, hbuf, steps, t2,
+		   th + 2 * steps);
+	fetch_pass(fg, req, sel, per, nblk, dbuf, hbuf, steps, tg, th);
+	fetch_pass(f4, req, sel, per, nblk, dbuf, hbuf, steps, t4, th + steps);
+	{
+		/* Drift check: the first pass again. */
+		double *tr = calloc(steps, sizeof *tr), *hr = calloc(steps, sizeof *hr);
+
+		fetch_pass(f2, req, sel, per, nblk, dbuf, hbuf, steps, tr, hr);
+		printf("diag: threads-only pass repeated last: %.2f GB/s "
+		       "(first: %.2f)\n", median(tr, steps) * 1e-9,
+		       median(t2, steps) * 1e-9);
+		free(tr);
+		free(hr);
+	}
 	/* Step 0 warms every path; steps 1..steps are timed, interleaved. */
 	for (int st = 0; st <= steps; st++) {
 		size_t sb = 0;
@@ -307,23 +492,12 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 		struct gpu_piece *pc;
 
 		reqs_for(req, sel, st, per);
-		/* fetch_gather */
-		t0 = now();
-		int64_t got = mkv_store_fetch(fg, req, NSEG, (uint64_t)st + 2, out);
-		double dt_g = now() - t0;
-
-		CK(got);
-		if ((uint32_t)got != nblk || !out[0].device) {
-			fprintf(stderr, "fetch staged %lld of %u blocks\n",
-				(long long)got, nblk);
-			exit(1);
-		}
-		for (uint32_t k = 0; k < nblk; k++)
-			sb += out[k].values_bytes + out[k].bitmaps_bytes;
 		/* fetch_mapped + the kernel that reads the blocks in place */
 		t0 = now();
-		got = mkv_store_fetch(fm, req, NSEG, (uint64_t)st + 2, out);
+		int64_t got = mkv_store_fetch(fm, req, NSEG, (uint64_t)st + 2, out);
 		CK(got);
+		for (uint32_t k = 0; k < nblk; k++)
+			sb += out[k].values_bytes + out[k].bitmaps_bytes;
 		if (got && st == 0)
 			printf("note: fetch_mapped not honored on this device "
 			       "(blocks staged)\n");
@@ -361,11 +535,11 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 
 		if (st == 0)
 			continue;
-		tg[st - 1] = (double)sb / dt_g;
+
 		tm[st - 1] = (double)sb / dt_m;
 		tk[st - 1] = (double)sb / dt_k;
 		tu[st - 1] = (double)sb / dt_u;
-		th[st - 1] = (double)sb / dt_h;
+		th[3 * steps + st - 1] = (double)sb / dt_h;
 	}
 	/*
 	 * Per-block copies from the same pinned host addresses, in a pass of
@@ -399,12 +573,15 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 		CU(cudaStreamSynchronize(cs));
 		tp[st - 1] = (double)sb / (now() - t0);
 	}
+	diag_pack(fm, req, sel, per, nblk, dbuf, steps, 8);
 	fig->gather = median(tg, steps) * 1e-9;
+	fig->gather4 = median(t4, steps) * 1e-9;
+	fig->gather2 = median(t2, steps) * 1e-9;
 	fig->mapped = median(tm, steps) * 1e-9;
 	fig->kernel = median(tk, steps) * 1e-9;
 	fig->kernel_up = median(tu, steps) * 1e-9;
 	fig->per_block = median(tp, steps) * 1e-9;
-	fig->h2d = median(th, steps) * 1e-9;
+	fig->h2d = median(th, 4 * steps) * 1e-9;
 	fig->bytes = (double)bytes;
 	fig->blocks = nblk;
 	printf("gpu: %s, %d segments x %d tokens (d=%d r=%d b=%d bf16), "
@@ -416,10 +593,33 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	cudaFree(dbuf);
 	cudaFreeHost(hbuf);
 	gpu_gather_ctx_destroy(gc);
+	/* The link's rate for large copies, for reference. */
+	{
+		size_t big = (size_t)64 << 20;
+		char *hb, *db;
+		double tb[5];
+
+		CU(cudaMallocHost((void **)&hb, big));
+		memset(hb, 2, big);
+		CU(cudaMalloc((void **)&db, big));
+		CU(cudaMemcpy(db, hb, big, cudaMemcpyHostToDevice));
+		for (int i = 0; i < 5; i++) {
+			t0 = now();
+			CU(cudaMemcpy(db, hb, big, cudaMemcpyHostToDevice));
+			tb[i] = (double)big / (now() - t0);
+		}
+		fig->h2d_big = median(tb, 5) * 1e-9;
+		cudaFree(db);
+		cudaFreeHost(hb);
+	}
 	mkv_fetch_destroy(fg);
+	mkv_fetch_destroy(f4);
+	mkv_fetch_destroy(f2);
 	mkv_fetch_destroy(fm);
 	mkv_store_destroy(sg);
 	mkv_store_destroy(sm);
+	mkv_store_destroy(s4);
+	mkv_store_destroy(s2);
 	for (int i = 0; i < NSEG; i++)
 		mkv_segment_destroy(segs[i]);
 	free(sel);
@@ -430,6 +630,8 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	free(tu);
 	free(th);
 	free(tp);
+	free(t4);
+	free(t2);
 }
 #endif /* MKV_HAVE_CUDA */
 
@@ -811,7 +1013,8 @@ int main(int argc, char **argv)
 	size_t nvme_mib = 0;
 	unsigned batch = 64, nthreads = 2;
 	int rounds = 3, steps = 50, lz4 = 0, no_gpu = 0, have_gpu = 0;
-	struct gpu_fig g = { NAN, NAN, NAN, NAN, NAN, NAN, 0, 0 };
+	struct gpu_fig g = { NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
+			     0, 0 };
 	struct nvme_fig nf;
 	struct utsname un;
 
@@ -851,8 +1054,16 @@ int main(int argc, char **argv)
 	if (have_gpu) {
 		run_gpu(&g, steps);
 		printf("  %-34s %8.2f GB/s\n", "h2d_pinned (one cudaMemcpy)", g.h2d);
+		printf("  %-34s %8.2f GB/s\n", "h2d_pinned, one 64 MiB copy",
+		       g.h2d_big);
+		printf("  %-34s %8.2f GB/s  %.2fx h2d  (%.2fx 64 MiB)\n",
+		       "fetch_gather (defaults: kernel)", g.gather,
+		       g.gather / g.h2d, g.gather / g.h2d_big);
 		printf("  %-34s %8.2f GB/s  %.2fx h2d\n",
-		       "fetch_gather (mkv_store_fetch)", g.gather, g.gather / g.h2d);
+		       "fetch, 8 threads + kernel half", g.gather4,
+		       g.gather4 / g.h2d);
+		printf("  %-34s %8.2f GB/s  %.2fx h2d\n",
+		       "fetch, 8 threads only", g.gather2, g.gather2 / g.h2d);
 		printf("  %-34s %8.2f GB/s  %.2fx h2d\n",
 		       "fetch_mapped + in-place read", g.mapped, g.mapped / g.h2d);
 		printf("  %-34s %8.2f GB/s  %.2fx h2d\n",

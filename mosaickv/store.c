@@ -35,6 +35,7 @@
 
 #include "io/uring.h"
 #include "mkv_config.h"
+#include "mosaickv/packpool.h"
 #include "mosaickv/store_internal.h"
 #include "policy/policy.h"
 #include "tiers/tcuda.h"
@@ -102,6 +103,8 @@ struct mkv_store {
 	struct tier *tiers[MKV_TIER_COUNT];
 	int gpu;        /* device of HBM, -1 when HBM is host memory */
 	int host_mapped; /* fetches return host-tier blocks as mapped memory */
+	unsigned fetch_threads, fetch_spin_us; /* per fetch context */
+	double fetch_kernel_share;
 	int numa_node;
 	struct policy pol;
 	int auto_balance;
@@ -1158,6 +1161,9 @@ int mkv_store_opts_init(struct mkv_store_opts *o, size_t size)
 	o->hot_fraction = 0.25;
 	o->io_buf_bytes = (size_t)4 << 20;
 	o->fetch_mapped = 0;
+	o->fetch_threads = 0;
+	o->fetch_spin_us = 200;
+	o->fetch_kernel_share = 0.5;
 	return 0;
 }
 
@@ -1168,7 +1174,9 @@ static int opts_valid(const struct mkv_store_opts *o)
 	if (o->workers < 1 || o->workers > STORE_MAX_WORKERS ||
 	    o->io_depth < 1 || o->io_depth > 4096 || !(o->half_life > 0) ||
 	    o->numa_node < -1 || o->gpu < -1 ||
-	    !(o->hot_fraction >= 0 && o->hot_fraction <= 0.9))
+	    !(o->hot_fraction >= 0 && o->hot_fraction <= 0.9) ||
+	    o->fetch_threads > 64 || o->fetch_spin_us > 100000 ||
+	    !(o->fetch_kernel_share >= 0 && o->fetch_kernel_share <= 1))
 		return 0;
 	for (int t = 0; t < MKV_TIER_COUNT; t++)
 		if (!(o->low_wm[t] > 0) || !(o->low_wm[t] <= o->high_wm[t]) ||
@@ -1297,6 +1305,9 @@ int store_create_with_tiers(const struct mkv_store_opts *o,
 	s->auto_balance = !!o->auto_balance;
 	s->host_mapped = s->gpu >= 0 && o->fetch_mapped &&
 			 tcuda_host_ptr_usable(s->gpu);
+	s->fetch_threads = o->fetch_threads;
+	s->fetch_spin_us = o->fetch_spin_us;
+	s->fetch_kernel_share = o->fetch_kernel_share;
 	policy_init(&s->pol, &policy_lrfu_ops, o->half_life);
 	for (int t = 0; t < MKV_TIER_COUNT; t++) {
 		s->pol.high_wm[t] = o->high_wm[t];
@@ -1832,15 +1843,30 @@ struct mkv_fetch {
 	size_t cap_soff;
 	void *dev_staging;  /* device, when HBM is on a device */
 	size_t staging_len;
+	/* Host-tier blocks packed into staging by these threads, each chunk
+	 * copied to dev_staging on @stream as soon as it is packed ... */
+	struct packpool *pool;
+	void *stream;
+	struct pp_piece *pp;
+	uint32_t cap_pp;
 #if MKV_HAVE_CUDA
-	/* Host-tier blocks gathered by one kernel straight from the mapped
-	 * pinned chunks into dev_staging; NULL: packed into staging + H2D. */
+	/* ... or gathered by one kernel straight from the mapped pinned
+	 * chunks into dev_staging; neither: packed serially + one H2D. */
 	struct gpu_gather_ctx *gather;
 #endif
 	struct tier_io io;  /* this context's own ring */
 	struct seg **pinned;
 	size_t n_pinned, cap_pinned;
 };
+
+/* The pool's copy function: packed staging bytes to the device. */
+static int fetch_copy(void *arg, uint64_t off, uint64_t len)
+{
+	struct mkv_fetch *f = arg;
+
+	return tcuda_h2d_async(f->s->gpu, (char *)f->dev_staging + off,
+			       f->staging + off, len, f->stream);
+}
 
 int mkv_fetch_create(struct mkv_store *s, size_t staging_bytes,
 		     struct mkv_fetch **out)
@@ -1878,7 +1904,20 @@ int mkv_fetch_create(struct mkv_store *s, size_t staging_bytes,
 			mkv_fetch_destroy(f);
 			return rc;
 		}
+		/*
+		 * The threads' copies are asynchronous, so the staging must be
+		 * pinned (the arena's is); a pool or stream that cannot be
+		 * made leaves the kernel or the serial path, which work.
+		 */
+		if (f->staging_arena && s->fetch_threads &&
+		    tcuda_stream_create(s->gpu, &f->stream) == 0 &&
+		    packpool_create(s->fetch_threads, s->numa_node,
+				    s->fetch_spin_us, fetch_copy, f,
+				    &f->pool) != 0)
+			f->pool = NULL;
+	}
 #if MKV_HAVE_CUDA
+	if (s->gpu >= 0 && (!f->pool || s->fetch_kernel_share > 0)) {
 		/*
 		 * The kernel reads host-tier payloads where they lie, which
 		 * needs them mapped at the same address on the device: true
@@ -1892,8 +1931,8 @@ int mkv_fetch_create(struct mkv_store *s, size_t staging_bytes,
 		    tcuda_is_mapped_host(f->staging) &&
 		    gpu_gather_ctx_create(s->gpu, 1024, &f->gather))
 			f->gather = NULL;
-#endif
 	}
+#endif
 	if (s->tiers[MKV_TIER_NVME]) {
 		/* Its registered area is the bounce of the NVMe gathers: the
 		 * covering 4 KiB extents of the staged blocks. */
@@ -1927,6 +1966,10 @@ void mkv_fetch_destroy(struct mkv_fetch *f)
 	if (!f)
 		return;
 	mkv_fetch_release(f);
+	packpool_destroy(f->pool);
+	if (f->stream)
+		tcuda_stream_destroy(f->s->gpu, f->stream);
+	free(f->pp);
 	if (f->staging_arena)
 		host_tier_free_pinned(f->s->tiers[MKV_TIER_HOST], f->staging);
 	else {
@@ -1944,6 +1987,12 @@ void mkv_fetch_destroy(struct mkv_fetch *f)
 	uring_engine_destroy(f->io.ring);
 	free(f->pinned);
 	free(f);
+}
+
+/* The kernel's share of host-tier bytes when both movers exist. */
+static double s_share(const struct mkv_fetch *f)
+{
+	return f->pool ? f->s->fetch_kernel_share : 1.0;
 }
 
 /* Pieces per gather launch while a fetch is still resolving its blocks. */
@@ -1969,8 +2018,15 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	 * while resolving (phase 1), and the kernel runs while the rest of
 	 * the fetch does its bookkeeping. */
 	struct gpu_piece_ref { const char *src; uint64_t dst, len; } *pcs = NULL;
-	uint32_t npc = 0;
+	uint32_t npc = 0, npub = 0, npp = 0;
 	bool kernel = false, launched = false, break_kernel = false;
+	/* And/or by the context's threads, into staging + async H2D: with
+	 * both, segments go to one or the other by byte share, the pool's
+	 * bytes laid out from the bottom of the staging (its chunks must be
+	 * contiguous), the kernel's from the top, NVMe's after the pool's. */
+	bool pool = false, pool_sync = false, movers;
+	uint64_t pb = 0, kb = 0;
+	const double share = s_share(f);
 #if MKV_HAVE_CUDA
 	uint32_t nlaunched = 0;
 #endif
@@ -2010,6 +2066,21 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		f->pinned = p;
 		f->cap_pinned = n;
 	}
+	if (f->pool && total_blocks) {
+		if (f->cap_pp < 2 * total_blocks) {
+			struct pp_piece *p = realloc(f->pp, 2 * total_blocks *
+							     sizeof *p);
+
+			if (!p) {
+				free(segs);
+				return -ENOMEM;
+			}
+			f->pp = p;
+			f->cap_pp = (uint32_t)(2 * total_blocks);
+		}
+		pool = true;
+		packpool_begin(f->pool, f->pp, f->staging);
+	}
 #if MKV_HAVE_CUDA
 	/* The table is pinned memory: grow it outside the lock.  Its layout
 	 * matches struct gpu_piece (checked below). */
@@ -2048,7 +2119,15 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		/* Per segment, not per block: a fetch touches thousands of
 		 * blocks, and these were a sixth of its CPU time. */
 		const bool here = in_place(s, g->tier);
-		const bool gath = !here && kernel && g->tier == MKV_TIER_HOST;
+		const bool host_st = !here && g->tier == MKV_TIER_HOST;
+		/* The kernel takes this segment while its byte share is
+		 * behind (the first one: it is slower to start). */
+		const bool to_k = host_st && kernel &&
+				  (!pool || share >= 1 ||
+				   (share > 0 && (double)kb * (1 - share) <=
+							 (double)pb * share));
+		const bool to_p = host_st && pool && !to_k;
+		const bool gath = to_k || to_p;
 		char *const base = here || gath ? tier_addr(s->tiers[g->tier], g->obj)
 					       : NULL;
 		const uint8_t here_dev = (uint8_t)(s->tiers[g->tier]->device ||
@@ -2088,9 +2167,25 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 			/* staged: host offsets now, NVMe ones in phase 2 */
 			a->values = a->bitmaps = NULL;
 			a->device = 0;
-			if (gath) {
-				uint64_t at = tier_bytes[MKV_TIER_HOST];
+			if (to_p) {
+				uint64_t at = pb;
 
+				f->soff[o - 1] = at;
+				if (r[0].len)
+					f->pp[npp++] = (struct pp_piece){
+						base + r[0].off, at, r[0].len };
+				if (r[1].len)
+					f->pp[npp++] = (struct pp_piece){
+						base + r[1].off, at + r[0].len,
+						r[1].len };
+				pb += r[0].len + r[1].len;
+			} else if (to_k) {
+				uint64_t at;
+
+				kb += r[0].len + r[1].len;
+				/* past the staging: -ENOSPC below, never
+				 * launched */
+				at = kb <= f->staging_len ? f->staging_len - kb : 0;
 				f->soff[o - 1] = at;
 				if (r[0].len)
 					pcs[npc++] = (struct gpu_piece_ref){
@@ -2106,13 +2201,20 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 			staged_bytes += r[0].len + r[1].len;
 			staged++;
 		}
+		/* The threads start on what is laid out so far (the pool
+		 * cuts a chunk once enough bytes are in), within the
+		 * staging: nothing may land past it. */
+		if (pool && npp > npub && pb + kb <= f->staging_len) {
+			packpool_publish(f->pool, npp);
+			npub = npp;
+		}
 #if MKV_HAVE_CUDA
 		/* Start copying what is laid out so far, so that the rest of
 		 * this phase runs beside the kernel (a few launches: each
 		 * costs microseconds of CPU).  Bounded by the staging size
 		 * first: nothing may land past it. */
 		if (kernel && npc - nlaunched >= FETCH_LAUNCH_PIECES &&
-		    tier_bytes[MKV_TIER_HOST] <= f->staging_len) {
+		    pb + kb <= f->staging_len) {
 			if (gpu_gather_ctx_launch(f->gather, nlaunched,
 						  npc - nlaunched,
 						  f->dev_staging) == 0) {
@@ -2149,31 +2251,41 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		}
 	}
 #endif
+	/*
+	 * After a failed launch every host block is packed below, the
+	 * pool's too: let the pool's chunks and copies land first (the
+	 * packed layout differs and reuses the same bytes).
+	 */
+	if (break_kernel && pool) {
+		(void)packpool_finish(f->pool, npub);
+		(void)tcuda_stream_sync(s->gpu, f->stream);
+		pool = false;
+	}
+	movers = (launched || pool) && !break_kernel;
 
 	/*
-	 * Phase 2: one gathered transfer per source tier for what the kernel
-	 * does not move: NVMe blocks from one ring submission covering every
+	 * Phase 2: one gathered transfer per source tier for what the movers
+	 * do not move: NVMe blocks from one ring submission covering every
 	 * extent of every segment (gatherv), host blocks packed with memcpy
-	 * when there is no kernel.  With CUDA, one host-to-device copy of the
-	 * packed part follows.  The segments are pinned: their tier and copy
-	 * cannot change.
+	 * when there is neither kernel nor pool.  With CUDA, one
+	 * host-to-device copy of the packed part follows.  The segments are
+	 * pinned: their tier and copy cannot change.
 	 */
 	if (staged) {
 		uint64_t base[MKV_TIER_COUNT], pos, on_dev = 0;
 
-		base[0] = 0;
-		for (int t = 1; t < MKV_TIER_COUNT; t++)
-			base[t] = base[t - 1] + tier_bytes[t - 1];
-		if (launched && !break_kernel)
-			on_dev = base[MKV_TIER_HOST] + tier_bytes[MKV_TIER_HOST];
+		base[MKV_TIER_HBM] = 0; /* never staged */
+		base[MKV_TIER_HOST] = 0;
+		base[MKV_TIER_NVME] = movers ? pb : tier_bytes[MKV_TIER_HOST];
+		if (movers)
+			on_dev = pb;
 		for (int t = 0; t < MKV_TIER_COUNT && !rc; t++) {
 			struct tier_gather_req *gr;
 			struct tier_range *rg;
 			unsigned ng = 0, nr = 0;
 			int64_t got;
 
-			if (!tier_bytes[t] ||
-			    (t == MKV_TIER_HOST && launched && !break_kernel))
+			if (!tier_bytes[t] || (t == MKV_TIER_HOST && movers))
 				continue;
 			gr = calloc(n, sizeof *gr);
 			rg = calloc(2 * total_blocks, sizeof *rg);
@@ -2215,10 +2327,12 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 			free(gr);
 			free(rg);
 		}
-		if (!rc && s->gpu >= 0 && staged_bytes > on_dev)
+		const uint64_t packed_end = base[MKV_TIER_NVME] +
+					    tier_bytes[MKV_TIER_NVME];
+
+		if (!rc && s->gpu >= 0 && packed_end > on_dev)
 			rc = tcuda_h2d(s->gpu, (char *)f->dev_staging + on_dev,
-				       f->staging + on_dev,
-				       staged_bytes - on_dev);
+				       f->staging + on_dev, packed_end - on_dev);
 		if (!rc) {
 			char *sbase = s->gpu >= 0 ? f->dev_staging : f->staging;
 
@@ -2233,7 +2347,26 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		}
 	}
 
-	/* Phase 3a: record the selection while the kernel copies. */
+	/*
+	 * The threads' part: wait until every chunk is packed and its copy
+	 * queued (the caller helps), then record the selection while the
+	 * copy engine finishes, then wait for it.  An error queueing a copy
+	 * fails the fetch before any statistic changes.
+	 */
+	if (pool) {
+		int pr = packpool_finish(f->pool, npp);
+
+		pool = false; /* finished: the fail path must not again */
+		if (pr) {
+			(void)tcuda_stream_sync(s->gpu, f->stream);
+			rc = rc ? rc : pr;
+		} else {
+			pool_sync = true;
+		}
+	}
+
+	/* Phase 3a: record the selection while the kernel or the copy
+	 * engine copies. */
 	pthread_mutex_lock(&s->lock);
 	if (!rc) {
 		if (step > s->step)
@@ -2252,6 +2385,18 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	}
 	pthread_mutex_unlock(&s->lock);
 
+	if (pool_sync) {
+		int sr = tcuda_stream_sync(s->gpu, f->stream);
+
+		if (!rc && sr)
+			rc = sr;
+		if (!sr) {
+			struct tier *t = s->tiers[MKV_TIER_HOST];
+
+			atomic_fetch_add(&t->st.gathers, 1);
+			atomic_fetch_add(&t->st.bytes_out, pb);
+		}
+	}
 #if MKV_HAVE_CUDA
 	/* The kernel reads the pinned segments: wait before unpinning. */
 	if (launched) {
@@ -2265,9 +2410,10 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		} else {
 			struct tier *t = s->tiers[MKV_TIER_HOST];
 
-			atomic_fetch_add(&t->st.gathers, 1);
-			atomic_fetch_add(&t->st.bytes_out,
-					 tier_bytes[MKV_TIER_HOST]);
+			/* one gather per fetch, whichever movers ran */
+			if (!pool_sync)
+				atomic_fetch_add(&t->st.gathers, 1);
+			atomic_fetch_add(&t->st.bytes_out, kb);
 		}
 	} else if (break_kernel) {
 		gpu_gather_ctx_destroy(f->gather);
@@ -2301,6 +2447,12 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	return (int64_t)staged;
 
 fail:
+	/* Chunks already published read the pinned segments: let them and
+	 * their copies finish before the pins go. */
+	if (pool) {
+		(void)packpool_finish(f->pool, npub);
+		(void)tcuda_stream_sync(s->gpu, f->stream);
+	}
 #if MKV_HAVE_CUDA
 	/* A launch made before a later error still reads the pinned
 	 * segments: let it finish before the pins go. */

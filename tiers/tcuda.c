@@ -64,6 +64,51 @@ int tcuda_d2d(int dev, void *dst, const void *src, size_t len)
 	return copy(dev, dst, src, len, cudaMemcpyDeviceToDevice);
 }
 
+int tcuda_stream_create(int dev, void **stream)
+{
+	cudaStream_t st;
+
+	if (cudaSetDevice(dev) != cudaSuccess)
+		return -MKV_ENODEV;
+	if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return -ENOMEM;
+	}
+	*stream = st;
+	return 0;
+}
+
+void tcuda_stream_destroy(int dev, void *stream)
+{
+	if (stream && cudaSetDevice(dev) == cudaSuccess)
+		cudaStreamDestroy((cudaStream_t)stream);
+}
+
+int tcuda_h2d_async(int dev, void *dst, const void *src, size_t len,
+		    void *stream)
+{
+	/* Called from the fetch's pool threads: the device is per thread. */
+	if (cudaSetDevice(dev) != cudaSuccess)
+		return -MKV_ENODEV;
+	if (cudaMemcpyAsync(dst, src, len, cudaMemcpyHostToDevice,
+			    (cudaStream_t)stream) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return -EIO;
+	}
+	return 0;
+}
+
+int tcuda_stream_sync(int dev, void *stream)
+{
+	if (cudaSetDevice(dev) != cudaSuccess)
+		return -MKV_ENODEV;
+	if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return -EIO;
+	}
+	return 0;
+}
+
 int tcuda_host_register(void *p, size_t len)
 {
 	if (cudaHostRegister(p, len, cudaHostRegisterPortable |
@@ -137,6 +182,14 @@ int tcuda_d2h(int dev, void *dst, const void *src, size_t len)
 { (void)dev; (void)dst; (void)src; (void)len; return -MKV_ENODEV; }
 int tcuda_d2d(int dev, void *dst, const void *src, size_t len)
 { (void)dev; (void)dst; (void)src; (void)len; return -MKV_ENODEV; }
+int tcuda_stream_create(int dev, void **stream)
+{ (void)dev; (void)stream; return -MKV_ENODEV; }
+void tcuda_stream_destroy(int dev, void *stream) { (void)dev; (void)stream; }
+int tcuda_h2d_async(int dev, void *dst, const void *src, size_t len,
+		    void *stream)
+{ (void)dev; (void)dst; (void)src; (void)len; (void)stream; return -MKV_ENODEV; }
+int tcuda_stream_sync(int dev, void *stream)
+{ (void)dev; (void)stream; return -MKV_ENODEV; }
 int tcuda_host_register(void *p, size_t len)
 { (void)p; (void)len; return -MKV_ENODEV; }
 void tcuda_host_unregister(void *p) { (void)p; }

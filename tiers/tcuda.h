@@ -18,6 +18,15 @@ void tcuda_free(int dev, void *p);
 int tcuda_h2d(int dev, void *dst, const void *src, size_t len);
 int tcuda_d2h(int dev, void *dst, const void *src, size_t len);
 int tcuda_d2d(int dev, void *dst, const void *src, size_t len);
+/* A non-blocking stream on @dev (as void *, so callers need no CUDA
+ * header), an asynchronous host-to-device copy on it (pinned @src: the
+ * call returns before the copy is done), and a wait for the stream.
+ * -MKV_ENODEV, -ENOMEM (stream), -EIO (a CUDA error). */
+int tcuda_stream_create(int dev, void **stream);
+void tcuda_stream_destroy(int dev, void *stream);
+int tcuda_h2d_async(int dev, void *dst, const void *src, size_t len,
+		    void *stream);
+int tcuda_stream_sync(int dev, void *stream);
 /* Page-lock [p, p+len) for DMA, mapped into the device address space
  * (cudaHostRegister, portable | mapped). */
 int tcuda_host_register(void *p, size_t len);

@@ -135,6 +135,34 @@ struct mkv_store_opts {
 	 * when the device cannot use host pointers directly.  Default 0.
 	 */
 	uint32_t fetch_mapped;
+	/*
+	 * With HBM on a device, how host-tier blocks that are not returned
+	 * in place reach it.  N >= 1: each fetch context has N threads that
+	 * pack the blocks into its pinned staging while the fetch is still
+	 * resolving them, and each packed chunk goes to the device in one
+	 * asynchronous copy-engine transfer at once.  0: one gather kernel
+	 * reads them over PCIe from the mapped pinned memory (zero-copy).
+	 * See fetch_kernel_share for both at once.  0..64.  Default 0: on
+	 * the H200 machine the kernel alone was fastest (docs/PERF.md); the
+	 * threads pay where one core packs faster than the 6-8 GB/s
+	 * measured there.
+	 */
+	uint32_t fetch_threads;
+	/*
+	 * Microseconds an idle fetch thread spins looking for the next
+	 * fetch before it sleeps (waking a sleeping thread costs tens of
+	 * microseconds; decode fetches come every few hundred).  The spin
+	 * is CPU time: 0 sleeps at once.  0..100000.  Default 200.
+	 */
+	uint32_t fetch_spin_us;
+	/*
+	 * With both fetch threads and a usable gather kernel (mapped pinned
+	 * host memory), the kernel moves this share of the host-tier bytes
+	 * (whole segments, balanced as the fetch resolves them) and the
+	 * threads + copy engine the rest, both at once over the link.  0:
+	 * threads only; 1: kernel only.  [0, 1].  Default 0.5.
+	 */
+	double fetch_kernel_share;
 };
 
 /*
@@ -343,8 +371,12 @@ struct mkv_fetch; /* a fetch context: staging buffers, one thread's ring */
 
 /*
  * Create a fetch context with @staging_bytes of pinned staging (a device
- * staging buffer of the same size too when HBM is on a device).  Returns
- * 0, -EINVAL (NULL, 0 bytes), -ENOMEM, or -errno of io_uring setup.
+ * staging buffer of the same size too when HBM is on a device).  With
+ * HBM on a device and fetch_threads > 0 it also starts the context's
+ * fetch threads (on the store's NUMA node; mkv_fetch_destroy joins them);
+ * if they cannot start, the context uses the gather kernel instead.
+ * Returns 0, -EINVAL (NULL, 0 bytes), -ENOMEM, or -errno of io_uring
+ * setup.
  */
 MKV_API int mkv_fetch_create(struct mkv_store *s, size_t staging_bytes,
 			     struct mkv_fetch **out);
@@ -357,9 +389,11 @@ MKV_API void mkv_fetch_destroy(struct mkv_fetch *f);
  * request order then block order, one address per block (sum of n_blocks
  * entries).  Blocks resident in HBM (whole segment or hot-cached) and,
  * without CUDA or with fetch_mapped, in host memory are returned in
- * place; the others are
- * gathered with one batched transfer per source tier into the context's
- * staging (then, with CUDA, one host-to-device copy).  The segments
+ * place; the others are gathered with one batched transfer per source
+ * tier into the context's staging: NVMe blocks with one ring submission,
+ * host blocks, with HBM on a device, by the context's fetch threads in
+ * chunks that the copy engine moves as they are packed (or by one gather
+ * kernel: fetch_threads = 0), and NVMe ones in one host-to-device copy.  The segments
  * returned in place are pinned until the next mkv_store_fetch() or
  * mkv_fetch_release() on @f; staged addresses are valid until then too.
  * Returns the number of blocks fetched from below the top tier (0 when
@@ -369,7 +403,9 @@ MKV_API void mkv_fetch_destroy(struct mkv_fetch *f);
  *   -ENOENT   a key is not in the store;
  *   -ENOSPC   the staging buffer is too small for the non-resident blocks;
  *   -EIO and other -errno of a tier.
- * On error no statistics change and no pins are held.
+ * On error no statistics change and no pins are held; the one exception
+ * is a CUDA error reported when the fetch waits for its copies (the
+ * device failed after they were queued and the selection recorded).
  */
 MKV_API int64_t mkv_store_fetch(struct mkv_fetch *f,
 				const struct mkv_fetch_req *req, size_t n,

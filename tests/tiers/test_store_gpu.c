@@ -216,3 +216,87 @@ Test(store_gpu, hbm_faults_keep_data)
 	tu_rmtree(dir);
 	free(p);
 }
+
+/*
+ * A fetch big enough that the fetch threads cut many chunks (~3.5 MiB from
+ * 40 segments, a few of them on NVMe), through every way host blocks reach
+ * the device: 8 fetch threads beside the gather kernel (the default
+ * split), 8 threads alone, 1 thread beside the kernel, and the kernel
+ * alone (fetch_threads = 0).  Each block's device bytes must equal the payload's,
+ * on several steps with different selections.
+ */
+static void fetch_many(uint32_t threads, double share)
+{
+	enum { NS = 40, NB = 256, PER = 80 };
+	char dir[256];
+	struct mkv_store_layout l = su_layout(NB);
+	struct mkv_store_opts o = su_opts();
+	struct mkv_store *s = NULL;
+	struct mkv_seg_key k[NS];
+	char *p[NS];
+	uint32_t *sel = malloc(NS * PER * sizeof *sel);
+	struct mkv_fetch_req rq[NS];
+	struct mkv_block_addr *ad = malloc(NS * PER * sizeof *ad);
+	struct mkv_fetch *f;
+	uint64_t x = 12345 + threads;
+
+	need_gpu();
+	tu_mkdtemp(dir, sizeof dir);
+	o.gpu = 0;
+	o.nvme_dir = dir;
+	o.auto_balance = 0;
+	o.host_bytes = (size_t)64 << 20;
+	o.fetch_threads = threads;
+	o.fetch_spin_us = threads == 1 ? 0 : 200;
+	o.fetch_kernel_share = share;
+	cr_assert_eq(mkv_store_create(&o, &s), 0);
+	for (int i = 0; i < NS; i++) {
+		k[i] = su_key(7, (uint32_t)i);
+		p[i] = su_payload(NB, 500 + (uint64_t)i);
+		cr_assert_eq(mkv_store_put(s, &k[i], p[i], su_len(NB), &l), 0);
+		cr_assert_eq(su_move(s, k[i], i % 8 == 3 ? MKV_TIER_NVME
+							 : MKV_TIER_HOST), 0);
+	}
+	cr_assert_eq(mkv_fetch_create(s, (size_t)8 << 20, &f), 0);
+	for (int step = 1; step <= 4; step++) {
+		int64_t want = 0;
+
+		for (int i = 0; i < NS; i++) {
+			uint32_t *b = sel + i * PER, c = 0;
+
+			/* An ascending random subset of PER blocks. */
+			for (uint32_t j = 0; j < NB && c < PER; j++) {
+				x = x * 6364136223846793005u + 1442695040888963407u;
+				if ((x >> 33) % (NB - j) < PER - c)
+					b[c++] = j;
+			}
+			cr_assert_eq(c, PER);
+			rq[i] = (struct mkv_fetch_req){ k[i], b, PER };
+			want += PER;
+		}
+		cr_assert_eq(mkv_store_fetch(f, rq, NS, (uint64_t)step, ad), want);
+		for (int i = 0; i < NS; i++)
+			for (int j = 0; j < PER; j++) {
+				struct mkv_block_addr *a = &ad[i * PER + j];
+				uint32_t blk = sel[i * PER + j];
+
+				cr_assert_eq(a->device, 1);
+				check_dev(a->values, p[i] + l.values_off + blk * SU_VB,
+					  SU_VB);
+				check_dev(a->bitmaps,
+					  p[i] + l.bitmaps_off + blk * SU_BB, SU_BB);
+			}
+	}
+	mkv_fetch_destroy(f);
+	mkv_store_destroy(s);
+	tu_rmtree(dir);
+	for (int i = 0; i < NS; i++)
+		free(p[i]);
+	free(sel);
+	free(ad);
+}
+
+Test(store_gpu, fetch_threads_and_kernel) { fetch_many(8, 0.5); }
+Test(store_gpu, fetch_threads_only) { fetch_many(8, 0); }
+Test(store_gpu, fetch_one_thread_and_kernel) { fetch_many(1, 0.7); }
+Test(store_gpu, fetch_gather_kernel_only) { fetch_many(0, 0.5); }
