@@ -181,30 +181,49 @@ __global__ void __launch_bounds__(128) k_pack_rot(const struct pack_job *jobs)
 		lead[k] = c < dk && (c % g) == 0;
 		eb[k] = __float_as_uint(e);
 	}
-	/* T = the kg-th largest energy: the largest value with >= kg at or above */
+	/*
+	 * T = the kg-th largest energy: the largest value with >= kg at or
+	 * above.  Stop as soon as exactly kg lie at or above a prefix: the
+	 * final T is >= it, so the same kg are at or above the final T and
+	 * no tie is left to break (with distinct energies that happens after
+	 * ~10 of the 32 bits; this search was most of the kernel).
+	 */
 	uint32_t T = 0;
+	bool exact = false;
 	for (int bit = 31; bit >= 0; bit--) {
 		uint32_t cand = T | (1u << bit), cnt = 0;
 #pragma unroll
 		for (int k = 0; k < 4; k++)
 			cnt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] >= cand));
-		if (cnt >= kg)
+		if (cnt >= kg) {
 			T = cand;
+			if (cnt == kg) { /* warp-uniform */
+				exact = true;
+				break;
+			}
+		}
 	}
-	uint32_t ngt = 0;
+	if (exact) {
 #pragma unroll
-	for (int k = 0; k < 4; k++)
-		ngt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] > T));
-	uint32_t ties_left = kg - ngt, tie_before = 0; /* ties in (k, lane) order */
+		for (int k = 0; k < 4; k++)
+			if (lead[k])
+				selsh[w][(lane + 32 * k) / g] = eb[k] >= T;
+	} else {
+		uint32_t ngt = 0;
 #pragma unroll
-	for (int k = 0; k < 4; k++) {
-		uint32_t c = lane + 32 * k;
-		uint32_t tb = __ballot_sync(0xffffffffu, lead[k] && eb[k] == T);
-		bool s = lead[k] && (eb[k] > T ||
-				     (eb[k] == T && tie_before + __popc(tb & ((1u << lane) - 1u)) < ties_left));
-		tie_before += __popc(tb);
-		if (lead[k])
-			selsh[w][c / g] = s;
+		for (int k = 0; k < 4; k++)
+			ngt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] > T));
+		uint32_t ties_left = kg - ngt, tie_before = 0; /* ties in (k, lane) order */
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			uint32_t c = lane + 32 * k;
+			uint32_t tb = __ballot_sync(0xffffffffu, lead[k] && eb[k] == T);
+			bool s = lead[k] && (eb[k] > T ||
+					     (eb[k] == T && tie_before + __popc(tb & ((1u << lane) - 1u)) < ties_left));
+			tie_before += __popc(tb);
+			if (lead[k])
+				selsh[w][c / g] = s;
+		}
 	}
 	__syncwarp();
 	uint32_t W[4];
