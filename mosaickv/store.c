@@ -2026,7 +2026,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	 * contiguous), the kernel's from the top, NVMe's after the pool's. */
 	bool pool = false, pool_sync = false, movers;
 	uint64_t pb = 0, kb = 0;
-	const double share = s_share(f);
+	double share;
 #if MKV_HAVE_CUDA
 	uint32_t nlaunched = 0;
 #endif
@@ -2034,6 +2034,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	if (!f || (!req && n) || !out)
 		return -EINVAL;
 	s = f->s;
+	share = s_share(f);
 	for (size_t i = 0; i < n; i++) {
 		if (!key_valid(&req[i].key) || (!req[i].blocks && req[i].n_blocks))
 			return -EINVAL;
