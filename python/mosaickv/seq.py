@@ -23,7 +23,9 @@ class StoreOpts(C.Structure):
                 ("high_wm", C.c_double * MKV_TIER_COUNT),
                 ("low_wm", C.c_double * MKV_TIER_COUNT),
                 ("auto_balance", C.c_uint32), ("hot_fraction", C.c_double),
-                ("io_buf_bytes", C.c_size_t), ("fetch_mapped", C.c_uint32)]
+                ("io_buf_bytes", C.c_size_t), ("fetch_mapped", C.c_uint32),
+                ("fetch_threads", C.c_uint32), ("fetch_spin_us", C.c_uint32),
+                ("fetch_kernel_share", C.c_double)]
 
 
 class SeqOpts(C.Structure):
