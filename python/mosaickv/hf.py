@@ -15,8 +15,14 @@ attribute set on the key tensor that the cache layer returns, since
 generate() rejects unknown keyword arguments; with any other cache it is
 plain SDPA, so one loaded model serves both.
 
-This binding runs attention on the CPU (the sequence layer's CPU path);
-tensors on another device are copied.  Batch size 1 per cache.
+Where it runs follows the model: with the model on a CUDA device (and a
+library built with CUDA), the cache's store puts its top tier on that
+device, the prefill K/V are read there, and decode attention runs
+PackedAttention on the GPU in torch's current stream, the query and the
+output staying on the device; only each decode token's K and V (a few
+hundred bytes) cross to the host, where appends are compressed.  On the
+CPU, or on a library without CUDA, everything runs on the CPU path (tensors
+on a device are then copied).  Batch size 1 per cache.
 """
 import itertools
 
@@ -52,8 +58,7 @@ class MosaicLayer(CacheLayerMixin):
         if key_states.shape[0] != 1:
             raise NotImplementedError("MosaicCache holds one sequence (batch 1)")
         seq = self.cache._sequence(key_states)
-        k = key_states[0].detach().to("cpu", torch.float32).numpy()
-        v = value_states[0].detach().to("cpu", torch.float32).numpy()
+        k, v = key_states[0], value_states[0]
         n = k.shape[1]
         if self.n == 0:
             seq.prefill(self.layer_idx, k, v)
@@ -95,20 +100,29 @@ class MosaicCache(Cache):
     Options are those of mosaickv.seq.Sequence (r, g, b, drop, token_frac,
     window, prefill_segment, ...); r=0 chooses r per segment from
     loss_threshold.  `store` may be shared between caches; by default each
-    cache makes its own host-memory store."""
+    cache makes its own store when it sees its first K/V: on their CUDA
+    device if they are on one (hbm_bytes sizes its top tier there), in
+    host memory otherwise."""
 
-    def __init__(self, config, *, store=None, **seq_opts):
+    def __init__(self, config, *, store=None, hbm_bytes=256 << 20, **seq_opts):
         n_layers = config.num_hidden_layers
         super().__init__(layers=[MosaicLayer(self, i) for i in range(n_layers)])
         self.config = config
         self.kv_heads = config.num_key_value_heads
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
         self.d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.store = store or Store(gpu=-1)
+        self.store = store
+        self.hbm_bytes = hbm_bytes
         self.seq_opts = seq_opts
         self.seq = None
 
     def _sequence(self, key_states):
+        if self.store is None:
+            dev = key_states.device
+            gpu = -1
+            if dev.type == "cuda":
+                gpu = dev.index if dev.index is not None else torch.cuda.current_device()
+            self.store = Store(gpu=gpu, hbm_bytes=self.hbm_bytes)
         if self.seq is None:
             self.seq = Sequence(self.store, next(_ids), layers=len(self.layers),
                                 kv_heads=self.kv_heads, q_per_kv=self.q_per_kv,
@@ -168,9 +182,9 @@ def _packed_attention(layer, query, scaling):
         raise NotImplementedError("mosaickv attention: one query token per step")
     if scaling is not None and abs(scaling - d ** -0.5) > 1e-6:
         raise NotImplementedError("mosaickv attention: scale other than 1/sqrt(d)")
-    q = query[0, :, 0].detach().to("cpu", torch.float32).numpy()
-    out = layer.cache.seq.attend(layer.layer_idx, q)
-    return torch.from_numpy(out).to(query.device, query.dtype).view(1, 1, hq, d), None
+    # A CUDA tensor stays on the device when the sequence is there.
+    out = layer.cache.seq.attend(layer.layer_idx, query[0, :, 0])
+    return out.to(query.device, query.dtype).view(1, 1, hq, d), None
 
 
 def mosaickv_attention(module, query, key, value, attention_mask, scaling=None,

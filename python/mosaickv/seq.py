@@ -63,11 +63,37 @@ for _name, _res, _args in [
         ("mkv_seq_prefill", I, [P, U32, P, P, I, SZ]),
         ("mkv_seq_append", I, [C.POINTER(P), SZ, U32, P, P, I]),
         ("mkv_seq_attend", I, [P, U32, P, P, P]),
+        ("mkv_seq_attend_dev", I, [P, U32, P, P, P]),
         ("mkv_seq_flush", I, [P, U32]),
         ("mkv_seq_sync", I, [P]),
         ("mkv_seq_get_stats", I, [P, C.POINTER(SeqStats)])]:
     _fn = getattr(_L, _name)
     _fn.restype, _fn.argtypes = _res, _args
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _is_tensor(x):
+    # torch is optional: only tensors built by an imported torch reach here.
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+class _TorchDtypes(dict):
+    """torch dtype -> mkv_dtype, filled on first use (torch is optional)."""
+
+    def get(self, key, default=None):
+        if not self:
+            torch = _torch()
+            self.update({torch.float32: _lib.MKV_DTYPE_F32,
+                         torch.float16: _lib.MKV_DTYPE_F16,
+                         torch.bfloat16: _lib.MKV_DTYPE_BF16})
+        return dict.get(self, key, default)
+
+
+_TORCH_DT = _TorchDtypes()
 
 
 class Store:
@@ -79,6 +105,7 @@ class Store:
         _check(_L.mkv_store_opts_init(C.byref(o), C.sizeof(o)),
                "store options (binding out of date?)")
         o.hbm_bytes, o.host_bytes, o.gpu, o.workers = hbm_bytes, host_bytes, gpu, workers
+        self.gpu = gpu
         self._dir = nvme_dir.encode() if nvme_dir else None
         o.nvme_dir = self._dir
         h = C.c_void_p()
@@ -116,22 +143,74 @@ class Sequence:
         self._h = h
 
     def prefill(self, layer, k, v):
-        """k, v: (kv_heads, n, d) float32."""
+        """k, v: (kv_heads, n, d): numpy arrays, or torch tensors (float32,
+        float16 or bfloat16).  Tensors on the store's CUDA device are passed
+        as device pointers (the library reads them there) once the current
+        stream has finished writing them; others are copied to the host."""
+        if _is_tensor(k):
+            import torch
+            dt = _TORCH_DT.get(k.dtype)
+            if dt is None:
+                k, v, dt = k.float(), v.float(), _lib.MKV_DTYPE_F32
+            k = k.detach().contiguous()
+            v = v.detach().to(k.dtype).contiguous()
+            if not (k.is_cuda and self._device_index() == k.device.index):
+                k, v = k.cpu(), v.cpu()
+            elif v.device != k.device:
+                v = v.to(k.device)
+            if k.is_cuda:
+                # The library copies with cudaMemcpy on the legacy default
+                # stream, which does not wait for torch's streams.
+                torch.cuda.current_stream(k.device).synchronize()
+            _check(_L.mkv_seq_prefill(self._h, layer, k.data_ptr(), v.data_ptr(),
+                                      dt, k.shape[1]), "prefill")
+            return
         k = np.ascontiguousarray(k, dtype=np.float32)
         v = np.ascontiguousarray(v, dtype=np.float32)
         _check(_L.mkv_seq_prefill(self._h, layer, k.ctypes.data, v.ctypes.data,
                                   _lib.MKV_DTYPE_F32, k.shape[1]), "prefill")
 
     def append(self, layer, k, v):
-        """k, v: (kv_heads, d) float32, one decode token."""
+        """k, v: (kv_heads, d), one decode token: numpy arrays or torch
+        tensors (copied to the host: appends take host memory)."""
+        if _is_tensor(k):
+            k = k.detach().to("cpu", dtype=_torch().float32).numpy()
+            v = v.detach().to("cpu", dtype=_torch().float32).numpy()
         k = np.ascontiguousarray(k, dtype=np.float32)
         v = np.ascontiguousarray(v, dtype=np.float32)
         arr = (C.c_void_p * 1)(self._h)
         _check(_L.mkv_seq_append(arr, 1, layer, k.ctypes.data, v.ctypes.data,
                                  _lib.MKV_DTYPE_F32), "append")
 
+    def on_device(self):
+        """Whether attention runs on the GPU (mkv_seq_stats.on_device)."""
+        return bool(self.stats()["on_device"])
+
+    def _device_index(self):
+        return self.store.gpu if self.store.gpu >= 0 else None
+
     def attend(self, layer, q):
-        """q: (kv_heads * q_per_kv, d) float32 -> output of the same shape."""
+        """q: (kv_heads * q_per_kv, d) -> output of the same shape, float32.
+
+        A numpy array runs the CPU path.  A CUDA tensor on the store's
+        device, with the sequence on the device, runs PackedAttention on
+        the GPU in torch's current stream (mkv_seq_attend_dev: no host
+        copy, no synchronization) and returns a CUDA tensor; any other
+        tensor is copied to the host and back."""
+        if _is_tensor(q):
+            torch = _torch()
+            if q.is_cuda and self._device_index() == q.device.index and self.on_device():
+                q32 = q.detach().to(torch.float32).contiguous()
+                out = torch.empty_like(q32)
+                stream = torch.cuda.current_stream(q.device).cuda_stream
+                # q32 may be freed on return: the caching allocator reuses
+                # it only for later work on this same stream, which runs
+                # after these kernels.
+                _check(_L.mkv_seq_attend_dev(self._h, layer, q32.data_ptr(),
+                                             out.data_ptr(), stream), "attend_dev")
+                return out
+            out = self.attend(layer, q.detach().to("cpu", torch.float32).numpy())
+            return torch.from_numpy(out).to(q.device)
         q = np.ascontiguousarray(q, dtype=np.float32)
         out = np.empty_like(q)
         _check(_L.mkv_seq_attend(self._h, layer, q.ctypes.data, out.ctypes.data, None),
