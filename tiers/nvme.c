@@ -83,6 +83,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1548,6 +1549,17 @@ int nvme_tier_create2(const char *dir, size_t capacity, int lz4,
 	n->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (n->dirfd < 0) {
 		rc = -errno;
+		nvme_destroy(&n->base);
+		return rc;
+	}
+	/*
+	 * One owner per directory: a second store (another process, or
+	 * tierctl beside a running server) would allocate the same free
+	 * extents and remove slabs it takes for interrupted.  The lock goes
+	 * with the descriptor, so a killed owner leaves none behind.
+	 */
+	if (flock(n->dirfd, LOCK_EX | LOCK_NB)) {
+		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
 		nvme_destroy(&n->base);
 		return rc;
 	}

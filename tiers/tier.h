@@ -305,7 +305,9 @@ void host_tier_free_pinned(struct tier *t, void *p);
  * reports the others; see nvme.c for the whole argument.  Slabs are 1 GiB
  * (less if @capacity is smaller); the first is made here when @dir has
  * none, others as needed while their total is below @capacity.  @lz4: compress frames where it saves >= 10%.
- * Returns 0, -EINVAL, -ENOMEM, or -errno of mkdir/open.
+ * The directory is locked (flock) for the tier's life: -EBUSY while
+ * another tier, in any process, has it.
+ * Returns 0, -EINVAL, -ENOMEM, -EBUSY, or -errno of mkdir/open.
  */
 int nvme_tier_create(const char *dir, size_t capacity, int lz4,
 		     struct tier **out);

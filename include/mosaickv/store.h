@@ -183,10 +183,14 @@ struct mkv_store;
  * reopen_incomplete; neither is ever returned, and their space is reused.
  * Returns 0 with the store in *@out, or:
  *   -EINVAL   NULL pointers, a bad options size, a zero budget, workers or
- *             io_depth out of range, bad watermarks, half-life or
- *             hot_fraction, a NUMA node that does not exist;
+ *             io_depth out of range, bad watermarks, half-life,
+ *             hot_fraction or fetch options, a NUMA node that does not
+ *             exist;
  *   -ENOMEM   out of memory (including the HBM region or jemalloc arena);
  *   -ENOSYS, -EPERM  io_uring is not available (an NVMe tier needs it);
+ *   -EBUSY    another store (in this or another process) has the NVMe
+ *             directory open: one owner per directory, held by a lock on
+ *             it that ends with the store or its process;
  *   other -errno from creating or opening the NVMe directory.
  * On failure *@out is untouched and nothing is left behind (except a
  * created NVMe directory).

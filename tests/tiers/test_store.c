@@ -4,6 +4,9 @@
  * mlock'ed jemalloc arena, O_DIRECT files through io_uring. */
 #include <errno.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <criterion/criterion.h>
 
 #include <mosaickv/common.h>
@@ -372,6 +375,67 @@ Test(store, reopen_lists_complete_segments)
 	struct mkv_seg_key k0 = su_key(40, 0), k1 = su_key(40, 1);
 	struct mkv_seg_key ku = mkv_store_info(s, &k0, &(struct mkv_seg_info){ 0 }) ? k1 : k0;
 	cr_assert_eq(su_move(s, ku, MKV_TIER_HBM), 0);
+	mkv_store_destroy(s);
+	tu_rmtree(dir);
+}
+
+/*
+ * One owner per NVMe directory: a second store on it (here in the same
+ * process, as a second process or tierctl would be) gets -EBUSY and
+ * changes nothing; once the owner is gone the directory opens again with
+ * every segment.  A child killed with the store open leaves no lock.
+ */
+Test(store, nvme_directory_has_one_owner)
+{
+	char dir[256];
+	struct mkv_store_opts o = su_opts();
+	struct mkv_store_layout l = su_layout(8);
+	struct mkv_store *s2 = (struct mkv_store *)&o; /* must stay as is */
+
+	tu_mkdtemp(dir, sizeof dir);
+	struct mkv_store *s = open_store(dir, &o);
+	for (int i = 0; i < 3; i++) {
+		struct mkv_seg_key k = su_key(50, (uint32_t)i);
+		char *p = su_payload(8, 2000 + (uint64_t)i);
+		cr_assert_eq(mkv_store_put(s, &k, p, su_len(8), &l), 0);
+		cr_assert_eq(su_move(s, k, MKV_TIER_NVME), 0);
+		free(p);
+	}
+	o.nvme_dir = dir;
+	cr_assert_eq(mkv_store_create(&o, &s2), -EBUSY);
+	cr_assert_eq(s2, (struct mkv_store *)&o);
+	for (int i = 0; i < 3; i++) /* the owner is untouched */
+		su_check(s, su_key(50, (uint32_t)i), 8, 2000 + (uint64_t)i);
+	mkv_store_destroy(s);
+
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct mkv_store *c = NULL;
+
+		if (mkv_store_create(&o, &c))
+			_exit(2);
+		for (;;)
+			pause(); /* killed with the store open */
+	}
+	/* Wait until the child holds the directory. */
+	int busy = 0;
+	for (int t = 0; t < 500 && !busy; t++) {
+		struct mkv_store *p = NULL;
+		int rc = mkv_store_create(&o, &p);
+
+		if (rc == -EBUSY)
+			busy = 1;
+		else if (rc == 0)
+			mkv_store_destroy(p);
+		usleep(10000);
+	}
+	cr_assert(busy, "the child never held the directory");
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	s = open_store(dir, &o);
+	for (int i = 0; i < 3; i++)
+		su_check(s, su_key(50, (uint32_t)i), 8, 2000 + (uint64_t)i);
 	mkv_store_destroy(s);
 	tu_rmtree(dir);
 }
