@@ -10,7 +10,11 @@ Prefill: each layer's K and V go to mosaickv as compressed segments, and the
 prompt's own attention runs dense (SDPA), as in MosaicKV.  Decode: each new
 token's K and V are appended (compressed at once into the update buffer) and
 attention runs mosaickv's PackedAttention over the compressed cache; dense
-K/V are never rebuilt.  The attention function finds its layer through an
+K/V are never rebuilt.  Several new tokens after the prefill (a later
+prompt chunk, speculative or assisted decoding) are appended one at a time,
+each just before its own query attends, which is causal attention exactly
+as if they had been decoded one by one.  The attention function finds its
+layer through an
 attribute set on the key tensor that the cache layer returns, since
 generate() rejects unknown keyword arguments; with any other cache it is
 plain SDPA, so one loaded model serves both.
@@ -46,6 +50,7 @@ class MosaicLayer(CacheLayerMixin):
         self.cache = cache
         self.layer_idx = layer_idx
         self.n = 0
+        self.pending = None  # new tokens a multi-token step appends
 
     def lazy_initialization(self, key_states, value_states):
         self.device = key_states.device
@@ -67,10 +72,13 @@ class MosaicLayer(CacheLayerMixin):
             seq.append(self.layer_idx, k[:, 0], v[:, 0])
             mode = "decode"
         else:
-            # Several new tokens after the prefill (speculative or chunked
-            # input): append them one by one; their attention is not
-            # supported by this binding yet.
-            raise NotImplementedError("MosaicCache: multi-token updates after prefill")
+            # Several new tokens after the prefill (a later prompt chunk,
+            # speculative or assisted decoding): query i may see only the
+            # tokens up to i, and the sequence attends everything it holds,
+            # so the attention function appends them one at a time, each
+            # before its own query (pending here until then).
+            self.pending = (k, v)
+            mode = "multi"
         self.n += n
         key_states._mkv = (self, mode)
         return key_states, value_states
@@ -176,6 +184,24 @@ def _quest_attention(cache, query, key, value):
     return torch.from_numpy(out).to(query.device, query.dtype).view(1, 1, hq, d), None
 
 
+def _multi_attention(layer, query, scaling):
+    """Causal attention of several new tokens over the compressed cache:
+    token i is appended (compressed at once), then its query attends; so
+    query i sees the history and new tokens 0..i, exactly as if they had
+    come one decode step at a time."""
+    b, hq, qlen, d = query.shape
+    if scaling is not None and abs(scaling - d ** -0.5) > 1e-6:
+        raise NotImplementedError("mosaickv attention: scale other than 1/sqrt(d)")
+    k, v = layer.pending
+    layer.pending = None
+    seq, li = layer.cache.seq, layer.layer_idx
+    outs = []
+    for i in range(qlen):
+        seq.append(li, k[:, i], v[:, i])
+        outs.append(seq.attend(li, query[0, :, i]).to(query.device, query.dtype))
+    return torch.stack(outs).view(1, qlen, hq, d), None
+
+
 def _packed_attention(layer, query, scaling):
     b, hq, qlen, d = query.shape
     if qlen != 1:
@@ -195,6 +221,8 @@ def mosaickv_attention(module, query, key, value, attention_mask, scaling=None,
     tag = getattr(key, "_mkv", None)
     if tag is not None and tag[1] == "decode":
         return _packed_attention(tag[0], query, scaling)
+    if tag is not None and tag[1] == "multi":
+        return _multi_attention(tag[0], query, scaling)
     if tag is not None and tag[1] == "quest":
         return _quest_attention(tag[0], query, key, value)
     return sdpa_attention_forward(module, query, key, value, attention_mask,
