@@ -3,10 +3,13 @@
 #ifndef MKV_TEST_STOREUTIL_H
 #define MKV_TEST_STOREUTIL_H
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <mosaickv/store.h>
 #include "mosaickv/store_internal.h"
+#include "io/segfile.h"
 #include "tierutil.h"
 
 /* A payload of HDR bytes, n_blocks × VB values, n_blocks × BB bitmaps and
@@ -133,6 +136,38 @@ static inline struct mkv_store_opts su_opts(void)
 	o.nvme_bytes = 1 << 30;
 	o.workers = 2;
 	return o;
+}
+
+/*
+ * Flip one payload bit of the first complete frame of @dir's first slab
+ * (found by a plain walk of its first MiB), durably, as corruption on disk
+ * would: a reopen must report that frame and adopt the others.
+ */
+static inline void su_flip_first_frame(const char *dir)
+{
+	char slab[512];
+	unsigned char *blk = aligned_alloc(4096, 1 << 20);
+	off_t victim = -1;
+	int fd;
+
+	cr_assert(blk);
+	snprintf(slab, sizeof slab, "%s/slab-000000.mkv", dir);
+	fd = open(slab, O_RDWR | O_DIRECT);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, blk, 1 << 20, 0), 1 << 20);
+	for (size_t q = 0; q < (1 << 20) && victim < 0; q += 4096) {
+		struct segfile_meta sm;
+
+		if (segfile_parse_header(blk + q, 4096, &sm) == 0 && sm.place == q)
+			victim = (off_t)q;
+	}
+	cr_assert_geq(victim, 0);
+	cr_assert_eq(pread(fd, blk, 4096, victim), 4096);
+	blk[1000] ^= 1;
+	cr_assert_eq(pwrite(fd, blk, 4096, victim), 4096);
+	cr_assert_eq(fsync(fd), 0);
+	close(fd);
+	free(blk);
 }
 
 #endif

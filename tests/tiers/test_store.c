@@ -322,28 +322,10 @@ Test(store, reopen_lists_complete_segments)
 	free(hp);
 	mkv_store_destroy(s);
 
-	/* Corrupt one frame's payload in the slab (the first header found
-	 * by a plain walk), and leave an interrupted slab creation. */
-	char slab[512];
-	snprintf(slab, sizeof slab, "%s/slab-000000.mkv", dir);
-	int fd = open(slab, O_RDWR | O_DIRECT);
-	cr_assert_geq(fd, 0);
-	unsigned char *blk = aligned_alloc(4096, 1 << 20);
-	cr_assert_eq(pread(fd, blk, 1 << 20, 0), 1 << 20);
-	off_t victim = -1;
-	for (size_t q = 0; q < (1 << 20) && victim < 0; q += 4096) {
-		struct segfile_meta sm;
-		if (segfile_parse_header(blk + q, 4096, &sm) == 0 &&
-		    sm.place == q)
-			victim = (off_t)q;
-	}
-	cr_assert_geq(victim, 0);
-	cr_assert_eq(pread(fd, blk, 4096, victim), 4096);
-	blk[1000] ^= 1;
-	cr_assert_eq(pwrite(fd, blk, 4096, victim), 4096);
-	cr_assert_eq(fsync(fd), 0);
-	close(fd);
-	free(blk);
+	/* Corrupt one frame's payload in the slab, and leave an interrupted
+	 * slab creation. */
+	su_flip_first_frame(dir);
+	int fd;
 	char tmp[512];
 	snprintf(tmp, sizeof tmp, "%s/slab-000005.mkv.tmp", dir);
 	fd = open(tmp, O_CREAT | O_WRONLY, 0600);
@@ -408,29 +390,30 @@ Test(store, nvme_directory_has_one_owner)
 		su_check(s, su_key(50, (uint32_t)i), 8, 2000 + (uint64_t)i);
 	mkv_store_destroy(s);
 
+	/* The child opens the store, says so through a pipe, and waits to
+	 * be killed (the parent must not race it for the lock). */
+	int pfd[2];
+	char ready = 0;
+
+	cr_assert_eq(pipe(pfd), 0);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		struct mkv_store *c = NULL;
+		char ok = mkv_store_create(&o, &c) == 0 ? 'y' : 'n';
 
-		if (mkv_store_create(&o, &c))
+		close(pfd[0]);
+		if (write(pfd[1], &ok, 1) != 1)
 			_exit(2);
 		for (;;)
 			pause(); /* killed with the store open */
 	}
-	/* Wait until the child holds the directory. */
-	int busy = 0;
-	for (int t = 0; t < 500 && !busy; t++) {
-		struct mkv_store *p = NULL;
-		int rc = mkv_store_create(&o, &p);
-
-		if (rc == -EBUSY)
-			busy = 1;
-		else if (rc == 0)
-			mkv_store_destroy(p);
-		usleep(10000);
-	}
-	cr_assert(busy, "the child never held the directory");
+	close(pfd[1]);
+	cr_assert_eq(read(pfd[0], &ready, 1), 1);
+	close(pfd[0]);
+	cr_assert_eq(ready, 'y', "the child could not open the store");
+	struct mkv_store *p = NULL;
+	cr_assert_eq(mkv_store_create(&o, &p), -EBUSY, "the child holds the directory");
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	s = open_store(dir, &o);

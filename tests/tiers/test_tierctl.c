@@ -17,7 +17,6 @@
 #include <criterion/criterion.h>
 
 #include <mosaickv.h>
-#include "io/segfile.h"
 #include "storeutil.h"
 
 /* Run tierctl with @args; its stdout into @out (truncated); exit status. */
@@ -57,32 +56,6 @@ static struct mkv_segment *real_segment(uint64_t seed)
 	cr_assert_eq(mkv_segment_encode(&o, x, MKV_DTYPE_F32, N, &g), 0);
 	free(x);
 	return g;
-}
-
-static void flip_one_frame(const char *dir)
-{
-	char slab[512];
-	unsigned char *blk = aligned_alloc(4096, 1 << 20);
-	off_t victim = -1;
-	int fd;
-
-	snprintf(slab, sizeof slab, "%s/slab-000000.mkv", dir);
-	fd = open(slab, O_RDWR | O_DIRECT);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(pread(fd, blk, 1 << 20, 0), 1 << 20);
-	for (size_t q = 0; q < (1 << 20) && victim < 0; q += 4096) {
-		struct segfile_meta sm;
-
-		if (segfile_parse_header(blk + q, 4096, &sm) == 0 && sm.place == q)
-			victim = (off_t)q;
-	}
-	cr_assert_geq(victim, 0);
-	cr_assert_eq(pread(fd, blk, 4096, victim), 4096);
-	blk[1000] ^= 1;
-	cr_assert_eq(pwrite(fd, blk, 4096, victim), 4096);
-	cr_assert_eq(fsync(fd), 0);
-	close(fd);
-	free(blk);
 }
 
 Test(tierctl, inspect_verify_remove)
@@ -144,7 +117,7 @@ Test(tierctl, inspect_verify_remove)
 	cr_assert(strstr(out, "6 segments read back, 0 bad"), "%s", out);
 
 	/* A flipped bit in one frame: stat and verify say so and fail. */
-	flip_one_frame(dir);
+	su_flip_first_frame(dir);
 	snprintf(args, sizeof args, "stat %s", dir);
 	cr_assert_eq(tierctl(out, sizeof out, args), 1, "%s", out);
 	cr_assert(strstr(out, "segments  5 adopted"), "%s", out);
