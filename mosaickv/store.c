@@ -2095,10 +2095,12 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 #endif
 
 	/*
-	 * Phase 1, under the lock: resolve, pin, lay out the staging.  Staged
-	 * bytes are ordered host tier first, then NVMe, each in request order
-	 * (HBM blocks are never staged), so host offsets start at 0 and are
-	 * known here.
+	 * Phase 1, under the lock: resolve, pin, lay out the staging (HBM
+	 * blocks are never staged).  Host blocks the movers take get their
+	 * offsets here: the pool's from 0 up, the kernel's from the top of
+	 * the staging down.  Without movers the host blocks come first from
+	 * 0, in request order, laid out in phase 2; NVMe blocks follow the
+	 * pool's or the host blocks, also laid out in phase 2.
 	 */
 	pthread_mutex_lock(&s->lock);
 	for (size_t i = 0; i < n; i++) {
