@@ -39,6 +39,27 @@ static int tierctl(char *out, size_t cap, const char *args)
 	return WEXITSTATUS(st);
 }
 
+/*
+ * Run tierctl with the arguments @fmt formatted with @dir; assert its exit
+ * status and that its output holds @want1 and @want2 (NULL: nothing
+ * wanted).  Returns the output (valid until the next call).
+ */
+static const char *expect(int status, const char *want1, const char *want2,
+			  const char *fmt, const char *dir)
+{
+	static char out[65536];
+	char args[1024];
+
+	snprintf(args, sizeof args, fmt, dir);
+	cr_assert_eq(tierctl(out, sizeof out, args), status, "tierctl %s:\n%s",
+		     args, out);
+	cr_assert(!want1 || strstr(out, want1), "tierctl %s: no '%s' in\n%s",
+		  args, want1, out);
+	cr_assert(!want2 || strstr(out, want2), "tierctl %s: no '%s' in\n%s",
+		  args, want2, out);
+	return out;
+}
+
 static struct mkv_segment *real_segment(uint64_t seed)
 {
 	enum { N = 256, D = 64 };
@@ -60,7 +81,7 @@ static struct mkv_segment *real_segment(uint64_t seed)
 
 Test(tierctl, inspect_verify_remove)
 {
-	char dir[256], args[512], out[65536];
+	char dir[256];
 	struct mkv_store_opts o = su_opts();
 	struct mkv_store_layout l = su_layout(8);
 	struct mkv_store *s = NULL;
@@ -93,59 +114,29 @@ Test(tierctl, inspect_verify_remove)
 	}
 
 	/* A running store owns the directory: tierctl touches nothing. */
-	snprintf(args, sizeof args, "ls %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 3, "%s", out);
-	cr_assert(strstr(out, "owned by a running store"), "%s", out);
+	expect(3, "owned by a running store", NULL, "ls %s", dir);
 	mkv_store_destroy(s);
 
-	snprintf(args, sizeof args, "stat %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 0, "%s", out);
-	cr_assert(strstr(out, "segments  6 adopted"), "%s", out);
-	cr_assert(strstr(out, "corrupt   0 frames"), "%s", out);
-
-	snprintf(args, sizeof args, "ls %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 0, "%s", out);
-	cr_assert(strstr(out, "6 segments"), "%s", out);
-	cr_assert(strstr(out, "n=256 d=64 r=16 b=16"), "shape of a real segment: %s", out);
-
-	snprintf(args, sizeof args, "ls %s --seq 7 --layer 1", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 0, "%s", out);
-	cr_assert(strstr(out, "\n2 segments"), "%s", out);
-
-	snprintf(args, sizeof args, "verify %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 0, "%s", out);
-	cr_assert(strstr(out, "6 segments read back, 0 bad"), "%s", out);
+	expect(0, "segments  6 adopted", "corrupt   0 frames", "stat %s", dir);
+	expect(0, "\n6 segments", "n=256 d=64 r=16 b=16", "ls %s", dir);
+	expect(0, "\n2 segments", NULL, "ls %s --seq 7 --layer 1", dir);
+	expect(0, "6 segments read back, 0 bad", NULL, "verify %s", dir);
 
 	/* A flipped bit in one frame: stat and verify say so and fail. */
 	su_flip_first_frame(dir);
-	snprintf(args, sizeof args, "stat %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 1, "%s", out);
-	cr_assert(strstr(out, "segments  5 adopted"), "%s", out);
-	cr_assert(strstr(out, "corrupt   1 frames"), "%s", out);
-	snprintf(args, sizeof args, "verify %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 1, "%s", out);
-	cr_assert(strstr(out, "5 segments read back, 1 bad"), "%s", out);
+	expect(1, "segments  5 adopted", "corrupt   1 frames", "stat %s", dir);
+	expect(1, "5 segments read back, 1 bad", NULL, "verify %s", dir);
 
-	/* rm: the raw payloads of seq 8 go, durably; the rest stays. */
-	snprintf(args, sizeof args, "rm %s --seq 8", dir);
-	int before8;
-	{
-		char lsout[65536];
-		char lsargs[512];
-
-		snprintf(lsargs, sizeof lsargs, "ls %s --seq 8", dir);
-		cr_assert_eq(tierctl(lsout, sizeof lsout, lsargs), 0);
-		before8 = strstr(lsout, "\n2 segments") ? 2 : 1; /* one may be the flipped one */
-	}
-	cr_assert_eq(tierctl(out, sizeof out, args), 0, "%s", out);
-	snprintf(args, sizeof args, "ls %s --seq 8", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 0, "%s", out);
-	cr_assert(strstr(out, "\n0 segments"), "%s", out);
-	snprintf(args, sizeof args, "ls %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 0, "%s", out);
+	/* rm: the raw payloads of seq 8 go, durably; the rest stays.  (The
+	 * flipped frame may have been one of them.) */
+	int left8 = strstr(expect(0, NULL, NULL, "ls %s --seq 8", dir),
+			   "\n2 segments") ? 2 : 1;
 	char want[64];
-	snprintf(want, sizeof want, "\n%d segments", 5 - before8);
-	cr_assert(strstr(out, want), "want%s: %s", want, out);
+
+	expect(0, "removed, 0 failed", NULL, "rm %s --seq 8", dir);
+	expect(0, "\n0 segments", NULL, "ls %s --seq 8", dir);
+	snprintf(want, sizeof want, "\n%d segments", 5 - left8);
+	expect(0, want, NULL, "ls %s", dir);
 
 	/* The survivors read back through the library, bit-exact. */
 	o.nvme_dir = dir;
@@ -172,25 +163,19 @@ Test(tierctl, inspect_verify_remove)
 
 Test(tierctl, empty_missing_and_usage)
 {
-	char dir[256], args[512], out[4096], path[600];
+	char dir[256], out[4096], path[600];
 	struct stat st;
 
 	tu_mkdtemp(dir, sizeof dir);
-	snprintf(args, sizeof args, "stat %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 0, "%s", out);
-	cr_assert(strstr(out, "no slab files"), "%s", out);
+	expect(0, "no slab files", NULL, "stat %s", dir);
 	snprintf(path, sizeof path, "%s/slab-000000.mkv", dir);
 	cr_assert_neq(stat(path, &st), 0, "tierctl created a slab");
 
-	snprintf(args, sizeof args, "ls %s/missing", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 3, "%s", out);
+	expect(3, "not a directory", NULL, "ls %s/missing", dir);
 	cr_assert_eq(tierctl(out, sizeof out, "frob /tmp"), 2);
 	cr_assert_eq(tierctl(out, sizeof out, "ls"), 2);
-	snprintf(args, sizeof args, "rm %s", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 2, "rm needs --seq");
-	snprintf(args, sizeof args, "ls %s --seq -3", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 2);
-	snprintf(args, sizeof args, "stat %s --seq 1", dir);
-	cr_assert_eq(tierctl(out, sizeof out, args), 2);
+	expect(2, "--seq is required", NULL, "rm %s", dir);
+	expect(2, "usage", NULL, "ls %s --seq -3", dir);
+	expect(2, "usage", NULL, "stat %s --seq 1", dir);
 	tu_rmtree(dir);
 }
