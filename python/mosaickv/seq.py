@@ -144,9 +144,10 @@ class Sequence:
 
     def prefill(self, layer, k, v):
         """k, v: (kv_heads, n, d): numpy arrays, or torch tensors (float32,
-        float16 or bfloat16).  Tensors on the store's CUDA device are passed
-        as device pointers (the library reads them there) once the current
-        stream has finished writing them; others are copied to the host."""
+        float16 or bfloat16).  Tensors on the store's CUDA device, with the
+        sequence on the device, are passed as device pointers (the library
+        reads them there) once the current stream has finished writing
+        them; others are copied to the host."""
         if _is_tensor(k):
             import torch
             dt = _TORCH_DT.get(k.dtype)
@@ -154,7 +155,10 @@ class Sequence:
                 k, v, dt = k.float(), v.float(), _lib.MKV_DTYPE_F32
             k = k.detach().contiguous()
             v = v.detach().to(k.dtype).contiguous()
-            if not (k.is_cuda and self._device_index() == k.device.index):
+            # Device pointers only where the library reads them: a
+            # library built without CUDA would take them for host memory.
+            if not (k.is_cuda and self._device_index() == k.device.index
+                    and self.on_device()):
                 k, v = k.cpu(), v.cpu()
             elif v.device != k.device:
                 v = v.to(k.device)
