@@ -261,6 +261,32 @@ static void reqs_for(struct mkv_fetch_req *req, const uint32_t *sel, int st,
 			.n_blocks = per };
 }
 
+/*
+ * The fetched blocks @out as a back-to-back piece table (values, then
+ * bitmaps, block after block) in @pc; returns the piece count, the byte
+ * count in *@bytes.  struct pp_piece has the same layout (the pool's
+ * contenders cast).
+ */
+static uint32_t pieces_of(const struct mkv_block_addr *out, uint32_t nblk,
+			  struct gpu_piece *pc, uint64_t *bytes)
+{
+	uint64_t pos = 0;
+	uint32_t np = 0;
+
+	for (uint32_t k = 0; k < nblk; k++) {
+		pc[np++] = (struct gpu_piece){ out[k].values, pos,
+					       out[k].values_bytes };
+		pos += out[k].values_bytes;
+		pc[np++] = (struct gpu_piece){ out[k].bitmaps, pos,
+					       out[k].bitmaps_bytes };
+		pos += out[k].bitmaps_bytes;
+	}
+	*bytes = pos;
+	return np;
+}
+_Static_assert(sizeof(struct gpu_piece) == sizeof(struct pp_piece),
+	       "piece layouts");
+
 struct diag_copy {
 	char *dev, *host;
 	cudaStream_t st;
@@ -285,20 +311,9 @@ static void diag_pieces(struct mkv_fetch *fm, struct mkv_fetch_req *req,
 			int st, struct mkv_block_addr *out, struct pp_piece *pc,
 			uint32_t *np, uint64_t *bytes)
 {
-	uint64_t pos = 0;
-
-	*np = 0;
 	reqs_for(req, sel, st, per);
 	CK(mkv_store_fetch(fm, req, NSEG, (uint64_t)st + 2, out));
-	for (uint32_t k = 0; k < nblk; k++) {
-		pc[(*np)++] = (struct pp_piece){ out[k].values, pos,
-						 out[k].values_bytes };
-		pos += out[k].values_bytes;
-		pc[(*np)++] = (struct pp_piece){ out[k].bitmaps, pos,
-						 out[k].bitmaps_bytes };
-		pos += out[k].bitmaps_bytes;
-	}
-	*bytes = pos;
+	*np = pieces_of(out, nblk, (struct gpu_piece *)pc, bytes);
 }
 
 /*
@@ -505,16 +520,9 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 		if (!pc)
 			exit(1);
 		{
-			uint64_t pos = 0;
+			uint64_t pb;
 
-			for (uint32_t k = 0; k < nblk; k++) {
-				pc[np++] = (struct gpu_piece){ out[k].values, pos,
-							       out[k].values_bytes };
-				pos += out[k].values_bytes;
-				pc[np++] = (struct gpu_piece){ out[k].bitmaps, pos,
-							       out[k].bitmaps_bytes };
-				pos += out[k].bitmaps_bytes;
-			}
+			np = pieces_of(out, nblk, pc, &pb);
 		}
 		CK(gpu_gather_ctx_run(gc, np, dbuf));
 		double dt_m = now() - t0;
@@ -558,13 +566,11 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 		pc = gpu_gather_ctx_table(gc, 2 * nblk);
 		if (!pc)
 			exit(1);
-		for (uint32_t k = 0; k < nblk; k++) {
-			pc[np++] = (struct gpu_piece){ out[k].values, sb,
-						       out[k].values_bytes };
-			sb += out[k].values_bytes;
-			pc[np++] = (struct gpu_piece){ out[k].bitmaps, sb,
-						       out[k].bitmaps_bytes };
-			sb += out[k].bitmaps_bytes;
+		{
+			uint64_t pb;
+
+			np = pieces_of(out, nblk, pc, &pb);
+			sb = pb;
 		}
 		t0 = now();
 		for (uint32_t k = 0; k < np; k++)
