@@ -219,10 +219,16 @@ static size_t select_blocks(struct cand *c, size_t nc, size_t n_hist,
 	return nsel;
 }
 
-/* Score of a block under its min/max bounds, max over the query heads. */
+/*
+ * Score of a block under its min/max bounds, max over the query heads.
+ * With @qperp (per head, the query's norm outside the S bounded channels)
+ * the block's remainder bound @rest is added: the score then bounds every
+ * q·k of the block, where the S channels alone miss keys whose weight
+ * lies in the other channels (docs/ACCURACY.md: the needle's block).
+ */
 static float bound_score(const float *qr, uint32_t nq, uint32_t ldq,
 			 const void *mn, const void *mx, enum mkv_dtype dt,
-			 size_t off, uint32_t S)
+			 size_t off, uint32_t S, const float *qperp, float rest)
 {
 	float best = -INFINITY;
 	for (uint32_t h = 0; h < nq; h++) {
@@ -233,9 +239,27 @@ static float bound_score(const float *qr, uint32_t nq, uint32_t ldq,
 			float b = qh[c] * mkv_elem(mx, dt, off + c);
 			s += a > b ? a : b;
 		}
+		if (qperp)
+			s += qperp[h] * rest;
 		best = s > best ? s : best;
 	}
 	return best;
+}
+
+/* Per query head, the norm of q outside the first S rotated channels
+ * @qr (ldq apart): sqrt(max(0, |q|² - |q'_{0..S-1}|²)). */
+static void query_perp(const struct mkv_attn_opts *o, const float *q,
+		       const float *qr, uint32_t S, float *qperp)
+{
+	for (uint32_t h = 0; h < o->n_q; h++) {
+		const float *qh = q + (size_t)h * o->d, *rh = qr + (size_t)h * S;
+		float nq = 0.0f, ns = 0.0f;
+		for (uint32_t c = 0; c < o->d; c++)
+			nq += qh[c] * qh[c];
+		for (uint32_t c = 0; c < S; c++)
+			ns += rh[c] * rh[c];
+		qperp[h] = sqrtf(fmaxf(0.0f, nq - ns));
+	}
 }
 
 /* ---------------------------------------------------------------------- */
@@ -282,7 +306,8 @@ int mkv_attend_quest(const struct mkv_attn_opts *o, const float *q,
 			}
 		}
 		c[j] = (struct cand){
-			.score = bound_score(q, o->n_q, d, mn, mx, MKV_DTYPE_F32, 0, d),
+			.score = bound_score(q, o->n_q, d, mn, mx, MKV_DTYPE_F32, 0, d,
+					     NULL, 0.0f),
 			.seg = 0, .block = (uint32_t)j, .ntok = (uint32_t)(i1 - i0),
 			.idx = (uint32_t)j,
 		};
@@ -361,16 +386,20 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 		      struct cand *c, float *qr)
 {
 	size_t ci = 0;
+	float qperp[MKV_MAX_QHEADS];
 	for (size_t i = 0; i < nseg; i++) {
 		const struct mkv_packed_view *kv = &k[i]->v;
 		uint32_t S = kv->summary_channels;
 		rotate_queries(o, q, k[i], S, qr);
+		query_perp(o, q, qr, S, qperp);
 		for (uint32_t j = 0; j < kv->n_blocks; j++, ci++) {
 			uint32_t i0 = j * kv->b;
 			c[ci] = (struct cand){
 				.score = bound_score(qr, o->n_q, S, kv->sum_min,
 						     kv->sum_max, kv->store_dtype,
-						     (size_t)j * S, S),
+						     (size_t)j * S, S, qperp,
+						     mkv_elem(kv->sum_rest,
+							      kv->store_dtype, j)),
 				.seg = (uint32_t)i, .block = j,
 				.ntok = (kv->n - i0 < kv->b ? kv->n - i0 : kv->b),
 				.idx = (uint32_t)ci,
@@ -403,7 +432,7 @@ int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 		const struct mkv_packed_view *kv = &a->k->v, *vv = &a->v->v;
 		size_t kes = mkv_dtype_size(kv->store_dtype);
 		size_t ves = mkv_dtype_size(vv->store_dtype);
-		bytes += 2 * (size_t)kv->n_blocks * kv->summary_channels * kes;
+		bytes += (2 * (size_t)kv->summary_channels + 1) * kv->n_blocks * kes;
 		nb += kv->n_blocks;
 		nsel += a->n_sel;
 		if (!a->n_sel)
@@ -437,8 +466,8 @@ int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 			osm_merge(&s.tot[h], s.part[h].m, s.part[h].l,
 				  po + (size_t)h * d, d);
 		toks += seg_toks;
-		bytes += seg_toks * ((size_t)kv->r * kes + kv->bitmap_bytes +
-				     (size_t)vv->r * ves + vv->bitmap_bytes);
+		bytes += seg_toks * ((size_t)kv->row_bytes + kv->bitmap_bytes +
+				     (size_t)vv->row_bytes + vv->bitmap_bytes);
 		bytes += ((size_t)kv->d_keep * kes + (size_t)vv->d_keep * ves) * d;
 	}
 	if (nw) {

@@ -17,6 +17,7 @@ struct mkv_segment {
 	void *rotation;
 	void *sum_min;
 	void *sum_max;
+	void *sum_rest;
 	float *rot_f32; /* rotation expanded to float once, d_keep × d */
 };
 

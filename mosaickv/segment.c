@@ -12,12 +12,13 @@
 #error "the serialized segment format is written in host order: little-endian only"
 #endif
 
-int mkv_encode_opts_init(struct mkv_encode_opts *o, size_t size)
+/* Version 1 of the options ended at the rotation pointer. */
+#define ENC_OPTS_V1 (offsetof(struct mkv_encode_opts, rotation) + sizeof(const float *))
+
+static void encode_opts_defaults(struct mkv_encode_opts *o)
 {
-	if (!o || !mkv_opts_size_ok(size, sizeof(*o), sizeof(*o)))
-		return -EINVAL;
-	memset(o, 0, size);
-	o->size = size;
+	memset(o, 0, sizeof(*o));
+	o->size = sizeof(*o);
 	o->d = 128;
 	o->r = 32;
 	o->g = 1;
@@ -29,7 +30,47 @@ int mkv_encode_opts_init(struct mkv_encode_opts *o, size_t size)
 	o->store_dtype = MKV_DTYPE_BF16;
 	o->summary_channels = 0;
 	o->rotation = NULL;
+	o->value_bits = 0;
+}
+
+int mkv_encode_opts_init(struct mkv_encode_opts *o, size_t size)
+{
+	if (!o || !mkv_opts_size_ok(size, ENC_OPTS_V1, sizeof(*o)))
+		return -EINVAL;
+	struct mkv_encode_opts full;
+	encode_opts_defaults(&full);
+	full.size = size;
+	memcpy(o, &full, size);
 	return 0;
+}
+
+/* The caller's options as this version's struct: fields its version did
+ * not have take their defaults.  False on a size no version had. */
+static bool encode_opts_full(const struct mkv_encode_opts *o,
+			     struct mkv_encode_opts *full)
+{
+	if (!mkv_opts_size_ok(o->size, ENC_OPTS_V1, sizeof(*o)))
+		return false;
+	encode_opts_defaults(full);
+	memcpy(full, o, o->size);
+	full->size = sizeof(*full);
+	return true;
+}
+
+uint32_t mkv_row_bytes(uint32_t r, uint32_t value_bits,
+		       enum mkv_dtype store_dtype)
+{
+	if (r == 0 || r > MKV_MAX_D)
+		return 0;
+	if (value_bits == 0) {
+		if (store_dtype != MKV_DTYPE_F32 && store_dtype != MKV_DTYPE_BF16)
+			return 0;
+		return r * (uint32_t)mkv_dtype_size(store_dtype);
+	}
+	if (value_bits < 4 || value_bits > 8)
+		return 0;
+	uint32_t bytes = 2 + (r * value_bits + 7) / 8;
+	return bytes + (bytes & 1);
 }
 
 static bool store_dtype_valid(enum mkv_dtype dt)
@@ -41,10 +82,12 @@ static bool store_dtype_valid(enum mkv_dtype dt)
  * build; used for options and again for bytes read back from a tier. */
 static bool shape_valid(uint32_t n, uint32_t d, uint32_t d_keep, uint32_t r,
 			uint32_t g, uint32_t b, uint32_t S, enum mkv_kind kind,
-			enum mkv_dtype sd)
+			enum mkv_dtype sd, uint32_t value_bits)
 {
 	if (n == 0 || n > MKV_MAX_N || !mkv_d_valid(d) || !mkv_g_valid(g) ||
 	    !mkv_b_valid(b) || !store_dtype_valid(sd))
+		return false;
+	if (value_bits && (value_bits < 4 || value_bits > 8))
 		return false;
 	if (d_keep != d && d_keep != mkv_d_keep(d, 1))
 		return false;
@@ -58,7 +101,7 @@ static bool shape_valid(uint32_t n, uint32_t d, uint32_t d_keep, uint32_t r,
 static void view_init(struct mkv_packed_view *v, uint32_t n, uint32_t d,
 		      uint32_t d_keep, uint32_t r, uint32_t g, uint32_t b,
 		      uint32_t S, enum mkv_kind kind, enum mkv_dtype sd,
-		      uint32_t rotated)
+		      uint32_t rotated, uint32_t value_bits)
 {
 	memset(v, 0, sizeof(*v));
 	v->n = n;
@@ -73,20 +116,25 @@ static void view_init(struct mkv_packed_view *v, uint32_t n, uint32_t d,
 	v->kind = kind;
 	v->store_dtype = sd;
 	v->rotated = rotated;
+	v->value_bits = value_bits;
+	v->row_bytes = mkv_row_bytes(r, value_bits, sd);
 }
 
 struct seg_sizes {
-	size_t values, bitmaps, rotation, summary; /* summary: one of min/max */
+	size_t values, bitmaps, rotation;
+	size_t summary; /* one of min/max */
+	size_t rest;    /* the remainder bounds */
 };
 
 static struct seg_sizes seg_sizes(const struct mkv_packed_view *v)
 {
 	size_t es = mkv_dtype_size(v->store_dtype);
 	struct seg_sizes z = {
-		.values = (size_t)v->n * v->r * es,
+		.values = (size_t)v->n * v->row_bytes,
 		.bitmaps = (size_t)v->n * v->bitmap_bytes,
 		.rotation = (size_t)v->d_keep * v->d * es,
 		.summary = (size_t)v->n_blocks * v->summary_channels * es,
+		.rest = v->kind == MKV_KIND_KEY ? (size_t)v->n_blocks * es : 0,
 	};
 	return z;
 }
@@ -100,6 +148,7 @@ void mkv_segment_destroy(struct mkv_segment *s)
 	free(s->rotation);
 	free(s->sum_min);
 	free(s->sum_max);
+	free(s->sum_rest);
 	free(s->rot_f32);
 	free(s);
 }
@@ -119,9 +168,11 @@ static struct mkv_segment *seg_alloc(const struct mkv_packed_view *v)
 	if (v->kind == MKV_KIND_KEY) {
 		s->sum_min = malloc(z.summary);
 		s->sum_max = malloc(z.summary);
+		s->sum_rest = calloc(1, z.rest);
 	}
 	if (!s->values || !s->bitmaps || !s->rotation || !s->rot_f32 ||
-	    (v->kind == MKV_KIND_KEY && (!s->sum_min || !s->sum_max))) {
+	    (v->kind == MKV_KIND_KEY &&
+	     (!s->sum_min || !s->sum_max || !s->sum_rest))) {
 		mkv_segment_destroy(s);
 		return NULL;
 	}
@@ -130,6 +181,7 @@ static struct mkv_segment *seg_alloc(const struct mkv_packed_view *v)
 	s->v.rotation = s->rotation;
 	s->v.sum_min = s->sum_min;
 	s->v.sum_max = s->sum_max;
+	s->v.sum_rest = s->sum_rest;
 	return s;
 }
 
@@ -221,6 +273,50 @@ out:
 	return rc;
 }
 
+/*
+ * One quantized row (the format under struct mkv_packed_view): a bf16
+ * scale rounded up, so no value rounds past the largest field, then r
+ * offset fields of w bits, LSB-first.  Padding bytes are written zero.
+ */
+static void quantize_row(char *row, const float *vals, uint32_t r, uint32_t w)
+{
+	int qmax = (1 << (w - 1)) - 1;
+	float amax = 0.0f;
+	for (uint32_t k = 0; k < r; k++)
+		amax = fmaxf(amax, fabsf(vals[k]));
+	uint16_t sb = amax > 0.0f ? mkv_f32_to_bf16_up(amax / (float)qmax) : 0;
+	float sf = mkv_bf16_to_f32(sb);
+	uint32_t nb = mkv_row_bytes(r, w, MKV_DTYPE_BF16);
+	memset(row, 0, nb);
+	memcpy(row, &sb, 2);
+	uint8_t *f = (uint8_t *)row + 2;
+	for (uint32_t k = 0; k < r; k++) {
+		int q = 0;
+		if (sf > 0.0f) {
+			float t = rintf(vals[k] / sf);
+			q = t > (float)qmax ? qmax : t < (float)-qmax ? -qmax : (int)t;
+		}
+		uint32_t u = (uint32_t)(q + (1 << (w - 1))), bit = k * w;
+		/* a field of <= 8 bits spans at most two bytes */
+		f[bit >> 3] |= (uint8_t)(u << (bit & 7));
+		if ((bit & 7) + w > 8)
+			f[(bit >> 3) + 1] |= (uint8_t)(u >> (8 - (bit & 7)));
+	}
+}
+
+/* Field k of a quantized row, decoded (exact in float). */
+static inline float dequant_field(const uint8_t *row, float sf, uint32_t k,
+				  uint32_t w)
+{
+	const uint8_t *f = row + 2;
+	uint32_t bit = k * w, lo = bit >> 3, sh = bit & 7;
+	uint32_t u = (uint32_t)f[lo] >> sh;
+	if (sh + w > 8)
+		u |= (uint32_t)f[lo + 1] << (8 - sh);
+	u &= (1u << w) - 1;
+	return (float)((int)u - (1 << (w - 1))) * sf;
+}
+
 /* Pack vector i of the rotated rows @xr according to the group mask @sel. */
 static void pack_vector(struct mkv_segment *s, size_t i, const float *xr,
 			const uint8_t *sel, float *vals)
@@ -235,8 +331,11 @@ static void pack_vector(struct mkv_segment *s, size_t i, const float *xr,
 		for (uint32_t t = 0; t < v->g; t++)
 			vals[k++] = xr[j * v->g + t];
 	}
-	mkv_store((char *)s->values + i * v->r * mkv_dtype_size(v->store_dtype),
-		  vals, v->store_dtype, v->r);
+	char *row = (char *)s->values + i * v->row_bytes;
+	if (v->value_bits)
+		quantize_row(row, vals, v->r, v->value_bits);
+	else
+		mkv_store(row, vals, v->store_dtype, v->r);
 }
 
 static void group_energy(const float *xr, uint32_t d_keep, uint32_t g,
@@ -295,24 +394,50 @@ static void encode_rows(struct mkv_segment *s, const float *xr, size_t i0,
 	}
 }
 
+/* The norm of key @x (d channels) outside its first S rotated channels
+ * @xr: what the S-channel bounds leave out of every q·x. */
+static float rest_norm(const float *x, uint32_t d, const float *xr, uint32_t S)
+{
+	float nx = 0.0f, ns = 0.0f;
+	for (uint32_t c = 0; c < d; c++)
+		nx += x[c] * x[c];
+	for (uint32_t c = 0; c < S; c++)
+		ns += xr[c] * xr[c];
+	return sqrtf(fmaxf(0.0f, nx - ns));
+}
+
+static void store_rest(struct mkv_segment *s, size_t block, float rest)
+{
+	if (s->v.store_dtype == MKV_DTYPE_F32)
+		((float *)s->sum_rest)[block] = rest;
+	else
+		((uint16_t *)s->sum_rest)[block] = mkv_f32_to_bf16_up(rest);
+}
+
 /* Block min/max over the first S exact rotated channels, rounded outward
- * when stored in bf16 so the bounds stay bounds.  Rows [i0, i0+m) are in
- * @xr; i0 is a multiple of b. */
-static void encode_summaries(struct mkv_segment *s, const float *xr, size_t i0,
-			     size_t m)
+ * when stored in bf16 so the bounds stay bounds, and the largest remainder
+ * norm.  Rows [i0, i0+m) are in @x (original) and @xr (rotated); i0 is a
+ * multiple of b. */
+static void encode_summaries(struct mkv_segment *s, const float *x,
+			     const float *xr, size_t i0, size_t m)
 {
 	const struct mkv_packed_view *v = &s->v;
 	uint32_t S = v->summary_channels;
 	float mn[MKV_MAX_D], mx[MKV_MAX_D];
 	for (size_t r0 = 0; r0 < m; r0 += v->b) {
 		size_t r1 = r0 + v->b < m ? r0 + v->b : m;
+		float rest = 0.0f;
+		for (size_t i = r0; i < r1; i++)
+			rest = fmaxf(rest, rest_norm(x + i * v->d, v->d,
+						     xr + i * v->d_keep, S));
+		store_rest(s, (i0 + r0) / v->b, rest);
 		for (uint32_t c = 0; c < S; c++)
 			mn[c] = mx[c] = xr[r0 * v->d_keep + c];
 		for (size_t i = r0 + 1; i < r1; i++)
 			for (uint32_t c = 0; c < S; c++) {
-				float x = xr[i * v->d_keep + c];
-				mn[c] = x < mn[c] ? x : mn[c];
-				mx[c] = x > mx[c] ? x : mx[c];
+				float e = xr[i * v->d_keep + c];
+				mn[c] = e < mn[c] ? e : mn[c];
+				mx[c] = e > mx[c] ? e : mx[c];
 			}
 		size_t off = (i0 + r0) / v->b * S;
 		if (v->store_dtype == MKV_DTYPE_F32) {
@@ -327,6 +452,7 @@ static void encode_summaries(struct mkv_segment *s, const float *xr, size_t i0,
 	}
 }
 
+/* @o: options already made full by encode_opts_full. */
 static int encode_opts_check(const struct mkv_encode_opts *o, enum mkv_dtype dt,
 			     size_t n, uint32_t *d_keep, uint32_t *S)
 {
@@ -350,24 +476,26 @@ static int encode_opts_check(const struct mkv_encode_opts *o, enum mkv_dtype dt,
 	}
 	if (n == 0 || n > MKV_MAX_N ||
 	    !shape_valid((uint32_t)n, o->d, *d_keep, o->r, o->g, o->b, *S,
-			 o->kind, o->store_dtype))
+			 o->kind, o->store_dtype, o->value_bits))
 		return -EINVAL;
 	return 0;
 }
 
-int mkv_segment_encode(const struct mkv_encode_opts *o, const void *x,
+int mkv_segment_encode(const struct mkv_encode_opts *oin, const void *x,
 		       enum mkv_dtype dt, size_t n, struct mkv_segment **out)
 {
 	uint32_t d_keep, S;
-	if (!o || !x || !out)
+	struct mkv_encode_opts full;
+	if (!oin || !x || !out || !encode_opts_full(oin, &full))
 		return -EINVAL;
+	const struct mkv_encode_opts *o = &full;
 	int rc = encode_opts_check(o, dt, n, &d_keep, &S);
 	if (rc)
 		return rc;
 	uint32_t d = o->d;
 	struct mkv_packed_view v;
 	view_init(&v, (uint32_t)n, d, d_keep, o->r, o->g, o->b, S, o->kind,
-		  o->store_dtype, o->rotate);
+		  o->store_dtype, o->rotate, o->value_bits);
 
 	float *buf = malloc(sizeof(float) * ENC_CHUNK * d);
 	float *xr = malloc(sizeof(float) * ENC_CHUNK * d_keep);
@@ -393,7 +521,7 @@ int mkv_segment_encode(const struct mkv_encode_opts *o, const void *x,
 			    (int)d, 0.0f, xr, (int)d_keep);
 		encode_rows(s, xr, i0, m, o->select == MKV_SELECT_GLOBAL ? gsel : NULL);
 		if (o->kind == MKV_KIND_KEY)
-			encode_summaries(s, xr, i0, m);
+			encode_summaries(s, buf, xr, i0, m);
 	}
 	free(buf);
 	free(xr);
@@ -424,7 +552,7 @@ int mkv_segment_bytes(const struct mkv_segment *s, struct mkv_segment_bytes *b)
 	b->values = z.values;
 	b->bitmaps = z.bitmaps;
 	b->rotation = z.rotation;
-	b->summaries = 2 * z.summary;
+	b->summaries = 2 * z.summary + z.rest;
 	b->total = b->values + b->bitmaps + b->rotation + b->summaries;
 	b->dense = (size_t)s->v.n * s->v.d * 2;
 	return 0;
@@ -434,16 +562,23 @@ void packed_unpack_row(const struct mkv_packed_view *v, const void *vals,
 		       const uint8_t *bms, size_t t, float *dst)
 {
 	const uint8_t *bm = bms + t * v->bitmap_bytes;
-	size_t base = t * v->r;
-	uint32_t k = 0;
+	const uint8_t *row = (const uint8_t *)vals + t * v->row_bytes;
+	uint32_t k = 0, w = v->value_bits;
+	float sf = 0.0f;
+	if (w) {
+		uint16_t sb;
+		memcpy(&sb, row, 2);
+		sf = mkv_bf16_to_f32(sb);
+	}
 	memset(dst, 0, sizeof(float) * v->d_keep);
 	for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
 		unsigned bits = bm[byte];
 		while (bits) {
 			uint32_t j = byte * 8 + (uint32_t)__builtin_ctz(bits);
 			bits &= bits - 1;
-			for (uint32_t u = 0; u < v->g; u++)
-				dst[j * v->g + u] = mkv_elem(vals, v->store_dtype, base + k++);
+			for (uint32_t u = 0; u < v->g; u++, k++)
+				dst[j * v->g + u] = w ? dequant_field(row, sf, k, w)
+						      : mkv_elem(row, v->store_dtype, k);
 		}
 	}
 }
@@ -452,7 +587,7 @@ struct blk_addr seg_block_addr(const struct mkv_segment *s, uint32_t block)
 {
 	size_t r0 = (size_t)block * s->v.b;
 	return (struct blk_addr){
-		(const char *)s->values + r0 * s->v.r * mkv_dtype_size(s->v.store_dtype),
+		(const char *)s->values + r0 * s->v.row_bytes,
 		s->bitmaps + r0 * s->v.bitmap_bytes};
 }
 
@@ -497,14 +632,15 @@ int mkv_segment_rotation(const struct mkv_segment *s, float *R)
 
 /* ---------------------------------------------------------------------- */
 /* Serialization.  Layout: header, then values, bitmaps, rotation, sum_min,
- * sum_max, each starting on a 16-byte boundary.  The checksum is XXH3-64
- * over everything after the checksum field, seeded with XXH3-64 of the
- * header before it. */
+ * sum_max, sum_rest, each starting on a 16-byte boundary.  The checksum is
+ * XXH3-64 over everything after the checksum field, seeded with XXH3-64 of
+ * the header before it.  Version 1 (read, never written) had no value_bits
+ * in its header and no sum_rest array. */
 
 #define SEG_MAGIC "MKVSEG\r\n"
-#define SEG_VERSION 1u
+#define SEG_VERSION 2u
 
-struct seg_hdr {
+struct seg_hdr_v1 {
 	char magic[8];
 	uint32_t version;
 	uint32_t hdr_size;
@@ -514,29 +650,47 @@ struct seg_hdr {
 	uint64_t checksum; /* last: everything before it is hashed */
 };
 
+struct seg_hdr {
+	char magic[8];
+	uint32_t version;
+	uint32_t hdr_size;
+	uint32_t n, d, d_keep, r, g, b, summary_channels;
+	uint32_t kind, store_dtype, rotated;
+	uint32_t value_bits, reserved; /* reserved: written 0 */
+	uint64_t total_len;
+	uint64_t checksum; /* last: everything before it is hashed */
+};
+
+#define SEG_ARRAYS 6
+
 static size_t align16(size_t x)
 {
 	return (x + 15) & ~(size_t)15;
 }
 
-static size_t serialized_len(const struct mkv_packed_view *v, size_t off[5])
+/* Offsets of the arrays after a header of @hdr bytes; @narr is 5 for
+ * version 1 (no sum_rest). */
+static size_t serialized_len(const struct mkv_packed_view *v, size_t hdr,
+			     int narr, size_t off[SEG_ARRAYS])
 {
 	struct seg_sizes z = seg_sizes(v);
-	size_t len[5] = {z.values, z.bitmaps, z.rotation, z.summary, z.summary};
-	size_t pos = align16(sizeof(struct seg_hdr));
-	for (int i = 0; i < 5; i++) {
+	size_t len[SEG_ARRAYS] = {z.values, z.bitmaps, z.rotation, z.summary,
+				  z.summary, z.rest};
+	size_t pos = align16(hdr);
+	for (int i = 0; i < SEG_ARRAYS; i++) {
 		off[i] = pos;
-		pos = align16(pos + len[i]);
+		if (i < narr)
+			pos = align16(pos + len[i]);
 	}
 	return pos;
 }
 
 /* Every byte but the checksum field itself, padding included: a flipped
- * bit anywhere must be caught. */
-static uint64_t seg_checksum(const void *buf, size_t len)
+ * bit anywhere must be caught.  @ck is the checksum field's offset. */
+static uint64_t seg_checksum(const void *buf, size_t len, size_t ck)
 {
-	uint64_t seed = XXH3_64bits(buf, offsetof(struct seg_hdr, checksum));
-	size_t h = offsetof(struct seg_hdr, checksum) + sizeof(uint64_t);
+	uint64_t seed = XXH3_64bits(buf, ck);
+	size_t h = ck + sizeof(uint64_t);
 	return XXH3_64bits_withSeed((const char *)buf + h, len - h, seed);
 }
 
@@ -544,8 +698,8 @@ int64_t mkv_segment_serialize(const struct mkv_segment *s, void *buf, size_t cap
 {
 	if (!s)
 		return -EINVAL;
-	size_t off[5];
-	size_t len = serialized_len(&s->v, off);
+	size_t off[SEG_ARRAYS];
+	size_t len = serialized_len(&s->v, sizeof(struct seg_hdr), SEG_ARRAYS, off);
 	if (!buf)
 		return (int64_t)len;
 	if (cap < len)
@@ -562,6 +716,7 @@ int64_t mkv_segment_serialize(const struct mkv_segment *s, void *buf, size_t cap
 		.kind = (uint32_t)s->v.kind,
 		.store_dtype = (uint32_t)s->v.store_dtype,
 		.rotated = s->v.rotated,
+		.value_bits = s->v.value_bits,
 		.total_len = len,
 	};
 	memcpy(h.magic, SEG_MAGIC, 8);
@@ -572,8 +727,9 @@ int64_t mkv_segment_serialize(const struct mkv_segment *s, void *buf, size_t cap
 	if (s->v.kind == MKV_KIND_KEY) {
 		memcpy(p + off[3], s->sum_min, z.summary);
 		memcpy(p + off[4], s->sum_max, z.summary);
+		memcpy(p + off[5], s->sum_rest, z.rest);
 	}
-	h.checksum = seg_checksum(p, len);
+	h.checksum = seg_checksum(p, len, offsetof(struct seg_hdr, checksum));
 	memcpy(p, &h, sizeof(h));
 	return (int64_t)len;
 }
@@ -597,27 +753,85 @@ static bool bitmaps_valid(const struct mkv_segment *s)
 	return true;
 }
 
+/* Quantized rows need a finite, non-negative scale; element rows finite
+ * values.  The remainder bounds are finite and non-negative. */
+static bool values_valid(const struct mkv_segment *s)
+{
+	const struct mkv_packed_view *v = &s->v;
+	for (size_t i = 0; i < v->n; i++) {
+		const char *row = (const char *)s->values + i * v->row_bytes;
+		if (v->value_bits) {
+			uint16_t sb;
+			memcpy(&sb, row, 2);
+			float sf = mkv_bf16_to_f32(sb);
+			if (!isfinite(sf) || sf < 0.0f)
+				return false;
+			continue;
+		}
+		for (uint32_t k = 0; k < v->r; k++)
+			if (!isfinite(mkv_elem(row, v->store_dtype, k)))
+				return false;
+	}
+	for (size_t j = 0; v->kind == MKV_KIND_KEY && j < v->n_blocks; j++) {
+		float r = mkv_elem(s->sum_rest, v->store_dtype, j);
+		if (!isfinite(r) || r < 0.0f)
+			return false;
+	}
+	return true;
+}
+
 int mkv_segment_deserialize(const void *buf, size_t len, struct mkv_segment **out)
 {
 	if (!buf || !out)
 		return -EINVAL;
 	struct seg_hdr h;
-	if (len < sizeof(h))
+	struct seg_hdr_v1 h1;
+	size_t ck;
+	int narr;
+	if (len < sizeof(h1))
 		return -MKV_ECORRUPT;
-	memcpy(&h, buf, sizeof(h));
-	if (memcmp(h.magic, SEG_MAGIC, 8) || h.version != SEG_VERSION ||
-	    h.hdr_size != sizeof(h) || h.total_len != len)
+	memcpy(&h1, buf, sizeof(h1));
+	if (memcmp(h1.magic, SEG_MAGIC, 8))
+		return -MKV_ECORRUPT;
+	if (h1.version == 1) {
+		if (h1.hdr_size != sizeof(h1))
+			return -MKV_ECORRUPT;
+		memset(&h, 0, sizeof(h));
+		memcpy(h.magic, h1.magic, 8);
+		h.version = 1;
+		h.n = h1.n, h.d = h1.d, h.d_keep = h1.d_keep, h.r = h1.r;
+		h.g = h1.g, h.b = h1.b, h.summary_channels = h1.summary_channels;
+		h.kind = h1.kind, h.store_dtype = h1.store_dtype;
+		h.rotated = h1.rotated;
+		h.total_len = h1.total_len, h.checksum = h1.checksum;
+		ck = offsetof(struct seg_hdr_v1, checksum);
+		narr = 5;
+	} else {
+		if (len < sizeof(h))
+			return -MKV_ECORRUPT;
+		memcpy(&h, buf, sizeof(h));
+		if (h.version != SEG_VERSION || h.hdr_size != sizeof(h) ||
+		    h.reserved)
+			return -MKV_ECORRUPT;
+		ck = offsetof(struct seg_hdr, checksum);
+		narr = SEG_ARRAYS;
+	}
+	if (h.total_len != len)
 		return -MKV_ECORRUPT;
 	if (h.kind > MKV_KIND_VALUE || h.store_dtype > MKV_DTYPE_BF16 ||
 	    h.rotated > 1 ||
 	    !shape_valid(h.n, h.d, h.d_keep, h.r, h.g, h.b, h.summary_channels,
-			 (enum mkv_kind)h.kind, (enum mkv_dtype)h.store_dtype))
+			 (enum mkv_kind)h.kind, (enum mkv_dtype)h.store_dtype,
+			 h.value_bits))
 		return -MKV_ECORRUPT;
 	struct mkv_packed_view v;
 	view_init(&v, h.n, h.d, h.d_keep, h.r, h.g, h.b, h.summary_channels,
-		  (enum mkv_kind)h.kind, (enum mkv_dtype)h.store_dtype, h.rotated);
-	size_t off[5];
-	if (serialized_len(&v, off) != len || seg_checksum(buf, len) != h.checksum)
+		  (enum mkv_kind)h.kind, (enum mkv_dtype)h.store_dtype, h.rotated,
+		  h.value_bits);
+	size_t off[SEG_ARRAYS];
+	size_t hdr = h.version == 1 ? sizeof(h1) : sizeof(h);
+	if (serialized_len(&v, hdr, narr, off) != len ||
+	    seg_checksum(buf, len, ck) != h.checksum)
 		return -MKV_ECORRUPT;
 	struct mkv_segment *s = seg_alloc(&v);
 	if (!s)
@@ -630,15 +844,15 @@ int mkv_segment_deserialize(const void *buf, size_t len, struct mkv_segment **ou
 	if (v.kind == MKV_KIND_KEY) {
 		memcpy(s->sum_min, p + off[3], z.summary);
 		memcpy(s->sum_max, p + off[4], z.summary);
+		if (narr == SEG_ARRAYS) /* version 1: zero, as allocated */
+			memcpy(s->sum_rest, p + off[5], z.rest);
 	}
 	seg_expand_rotation(s);
 	/* A checksum only proves the bytes are the ones written; refuse
 	 * contents no encoder could have produced. */
-	size_t nv = (size_t)v.n * v.r, nr = (size_t)v.d_keep * v.d;
-	bool ok = bitmaps_valid(s) && mkv_all_finite(s->rot_f32, nr);
-	for (size_t i = 0; ok && i < nv; i++)
-		ok = isfinite(mkv_elem(s->values, v.store_dtype, i));
-	if (!ok) {
+	size_t nr = (size_t)v.d_keep * v.d;
+	if (!bitmaps_valid(s) || !mkv_all_finite(s->rot_f32, nr) ||
+	    !values_valid(s)) {
 		mkv_segment_destroy(s);
 		return -MKV_ECORRUPT;
 	}
@@ -652,11 +866,13 @@ int mkv_segment_deserialize(const void *buf, size_t len, struct mkv_segment **ou
  * (rotation, r, g, b); the segment is readable by every reader of struct
  * mkv_segment between appends. */
 
-int seg_grow_create(const struct mkv_encode_opts *o, struct mkv_segment **out)
+int seg_grow_create(const struct mkv_encode_opts *oin, struct mkv_segment **out)
 {
 	uint32_t d_keep, S;
-	if (!o || !out || !o->rotation)
+	struct mkv_encode_opts full;
+	if (!oin || !out || !oin->rotation || !encode_opts_full(oin, &full))
 		return -EINVAL;
+	const struct mkv_encode_opts *o = &full;
 	/* n = 1 validates everything but the length. */
 	int rc = encode_opts_check(o, MKV_DTYPE_F32, 1, &d_keep, &S);
 	if (rc)
@@ -665,7 +881,7 @@ int seg_grow_create(const struct mkv_encode_opts *o, struct mkv_segment **out)
 		return -MKV_ENONFINITE;
 	struct mkv_packed_view v;
 	view_init(&v, o->b, o->d, d_keep, o->r, o->g, o->b, S, o->kind,
-		  o->store_dtype, 1);
+		  o->store_dtype, 1, o->value_bits);
 	struct mkv_segment *s = seg_alloc(&v); /* capacity: one block */
 	if (!s)
 		return -ENOMEM;
@@ -699,7 +915,7 @@ int seg_grow_reserve(struct mkv_segment *s, size_t rows, size_t *cap)
 		return -ENOSPC;
 	size_t es = mkv_dtype_size(s->v.store_dtype);
 	size_t nb = (ncap + s->v.b - 1) / s->v.b;
-	void *val = realloc(s->values, ncap * s->v.r * es);
+	void *val = realloc(s->values, ncap * s->v.row_bytes);
 	if (!val)
 		return -ENOMEM;
 	s->values = val;
@@ -717,11 +933,16 @@ int seg_grow_reserve(struct mkv_segment *s, size_t rows, size_t *cap)
 		if (!mx)
 			return -ENOMEM;
 		s->sum_max = mx;
+		void *re = realloc(s->sum_rest, nb * es);
+		if (!re)
+			return -ENOMEM;
+		s->sum_rest = re;
 	}
 	s->v.values = s->values;
 	s->v.bitmaps = s->bitmaps;
 	s->v.sum_min = s->sum_min;
 	s->v.sum_max = s->sum_max;
+	s->v.sum_rest = s->sum_rest;
 	*cap = ncap;
 	return 0;
 }
@@ -742,7 +963,6 @@ int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
 	float xr[MKV_MAX_D], e[MKV_MAX_D], tmp[MKV_MAX_D], vals[MKV_MAX_D];
 	uint8_t sel[MKV_MAX_D];
 	uint32_t ng = v->d_keep / v->g, kg = v->r / v->g, S = v->summary_channels;
-	size_t es = mkv_dtype_size(v->store_dtype);
 	for (size_t t = 0; t < n; t++) {
 		size_t i = v->n;
 		cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)v->d_keep, (int)v->d,
@@ -767,11 +987,14 @@ int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
 					((uint16_t *)s->sum_max)[off + c] = mkv_f32_to_bf16_up(hi);
 				}
 			}
+			float rest = rest_norm(x + t * v->d, v->d, xr, S);
+			if (!first)
+				rest = fmaxf(rest, mkv_elem(s->sum_rest, v->store_dtype, i / v->b));
+			store_rest(s, i / v->b, rest);
 		}
 		s->v.n++;
 		s->v.n_blocks = (s->v.n + v->b - 1) / v->b;
 	}
-	(void)es;
 	return 0;
 }
 

@@ -18,16 +18,18 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include "seq_internal.h"
 #include "store_internal.h"
 
-int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size)
+/* Version 1 of the options ended at device_attend. */
+#define SEQ_OPTS_V1 (offsetof(struct mkv_seq_opts, device_attend) + sizeof(uint32_t))
+
+static void seq_opts_defaults(struct mkv_seq_opts *o, size_t size)
 {
-	if (!o || !mkv_opts_size_ok(size, sizeof(*o), sizeof(*o)))
-		return -EINVAL;
-	memset(o, 0, size);
+	memset(o, 0, sizeof(*o));
 	o->size = size;
 	o->layers = 32;
 	o->kv_heads = 8;
@@ -48,7 +50,47 @@ int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size)
 	o->lag_cap = (size_t)256 << 20;
 	o->staging_bytes = (size_t)64 << 20;
 	o->device_attend = 1;
+	o->value_bits = size > SEQ_OPTS_V1 ? 6 : 0;
+	o->adaptive = size > SEQ_OPTS_V1 ? 0 : 1;
+}
+
+int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size)
+{
+	if (!o || !mkv_opts_size_ok(size, SEQ_OPTS_V1, sizeof(*o)))
+		return -EINVAL;
+	struct mkv_seq_opts full;
+	seq_opts_defaults(&full, size);
+	memcpy(o, &full, size);
 	return 0;
+}
+
+/* The caller's options as this version's struct (fields its version did
+ * not have: that version's behaviour), with r resolved.  False on a size
+ * no version had. */
+static bool seq_opts_full(const struct mkv_seq_opts *o, struct mkv_seq_opts *f)
+{
+	if (!mkv_opts_size_ok(o->size, SEQ_OPTS_V1, sizeof(*o)))
+		return false;
+	seq_opts_defaults(f, o->size);
+	memcpy(f, o, o->size);
+	if (o->size == SEQ_OPTS_V1 && o->r)
+		f->adaptive = 0; /* version 1: r != 0 meant fixed */
+	f->size = sizeof(*f);
+	return true;
+}
+
+uint32_t mkv_seq_default_r(uint32_t d, uint32_t value_bits, uint32_t g)
+{
+	if (!mkv_d_valid(d) || !mkv_g_valid(g) ||
+	    (value_bits && (value_bits < 4 || value_bits > 8)))
+		return 0;
+	uint32_t r = value_bits ? (d / 2 - 2) * 8 / value_bits : d / 4;
+	r = r > d ? d : r;
+	/* the largest multiple of g whose row still fits d/2 bytes */
+	r -= r % g;
+	while (r > g && mkv_row_bytes(r, value_bits, MKV_DTYPE_BF16) > d / 2)
+		r -= g;
+	return r;
 }
 
 static bool seq_opts_valid(const struct mkv_seq_opts *o)
@@ -68,9 +110,12 @@ static bool seq_opts_valid(const struct mkv_seq_opts *o)
 		return false;
 	if (o->store_dtype != MKV_DTYPE_BF16 && o->store_dtype != MKV_DTYPE_F32)
 		return false;
+	if (o->adaptive > 1 ||
+	    (o->value_bits && (o->value_bits < 4 || o->value_bits > 8)))
+		return false;
 	uint32_t dk = mkv_d_keep(o->d, o->drop);
-	if (o->r && (!mkv_g_valid(o->g) || !mkv_b_valid(o->b) || o->r > dk ||
-		     o->r % o->g))
+	if (!o->adaptive && (!mkv_g_valid(o->g) || !mkv_b_valid(o->b) ||
+			     o->r > dk || o->r % o->g || dk % o->g))
 		return false;
 	return o->lag_cap >= ((size_t)1 << 20) && o->staging_bytes > 0;
 }
@@ -142,13 +187,22 @@ static void lh_free(struct lh *l)
 int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
 		 uint64_t id, struct mkv_seq **out)
 {
-	if (!store || !o || !out || !seq_opts_valid(o))
+	struct mkv_seq_opts full;
+	if (!store || !o || !out || !seq_opts_full(o, &full) ||
+	    !seq_opts_valid(&full))
 		return -EINVAL;
+	if (!full.adaptive && !full.r) {
+		uint32_t dk = mkv_d_keep(full.d, full.drop);
+		full.r = mkv_seq_default_r(full.d, full.value_bits, full.g);
+		if (full.r > dk)
+			full.r = dk - dk % full.g;
+	}
 	struct mkv_seq *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
 	s->store = store;
-	s->o = *o;
+	s->o = full;
+	o = &s->o;
 	s->id = id;
 	s->d_keep = mkv_d_keep(o->d, o->drop);
 	s->lh = calloc((size_t)o->layers * o->kv_heads, sizeof(*s->lh));
@@ -255,7 +309,7 @@ static int choose(const struct mkv_seq *s, const float *x, size_t n, float *R,
 	int rc = mkv_strategy_choose(&so, x, MKV_DTYPE_F32, n, R, &st);
 	if (rc)
 		return rc;
-	if (s->o.r) {
+	if (!s->o.adaptive) {
 		*r = s->o.r;
 		*g = s->o.g;
 		*b = s->o.b;
@@ -279,6 +333,7 @@ static void encode_opts(const struct mkv_seq *s, struct mkv_encode_opts *eo,
 	eo->drop = s->o.drop;
 	eo->kind = kind;
 	eo->store_dtype = s->o.store_dtype;
+	eo->value_bits = s->o.value_bits;
 	eo->rotation = R;
 }
 

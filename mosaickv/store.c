@@ -1521,10 +1521,9 @@ static int find_layout(const char *buf, size_t len,
 		       const struct mkv_packed_view *v,
 		       struct mkv_store_layout *l)
 {
-	size_t es = mkv_dtype_size(v->store_dtype);
-	size_t vl = (size_t)v->n * v->r * es, bl = (size_t)v->n * v->bitmap_bytes;
+	size_t vl = (size_t)v->n * v->row_bytes, bl = (size_t)v->n * v->bitmap_bytes;
 
-	if (!es || !vl || !bl)
+	if (!vl || !bl)
 		return -1;
 	for (size_t off = 16; off <= 4096 && off + vl <= len; off += 16) {
 		size_t boff = (off + vl + 15) & ~(size_t)15;
@@ -1534,7 +1533,7 @@ static int find_layout(const char *buf, size_t len,
 			continue;
 		l->n_blocks = v->n_blocks;
 		l->values_off = off;
-		l->values_block = (uint64_t)v->b * v->r * es;
+		l->values_block = (uint64_t)v->b * v->row_bytes;
 		l->values_len = vl;
 		l->bitmaps_off = boff;
 		l->bitmaps_block = (uint64_t)v->b * v->bitmap_bytes;

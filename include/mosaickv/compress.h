@@ -14,9 +14,14 @@
  *      r/g groups of g adjacent channels ranked by group energy;
  *   4. packed storage: per vector r values, contiguous, plus a bitmap of
  *      d_keep/g bits (bit j set: group j is stored), no per-element index;
+ *      the values either in store_dtype or, with value_bits = 4..8, as
+ *      signed integers of that many bits with one bf16 scale per vector
+ *      (more values in the same bytes: on d = 64 heads the number of
+ *      values kept, not their precision, limits accuracy; docs/ACCURACY.md);
  *   5. for keys, per block of b tokens the channel-wise min and max of the
- *      exact rotated keys over the first S rotated channels (the block
- *      summaries used to score blocks against a query).
+ *      exact rotated keys over the first S rotated channels, and the
+ *      largest norm of a key's remainder outside those S channels (the
+ *      block summaries used to score blocks against a query).
  */
 #ifndef MOSAICKV_COMPRESS_H
 #define MOSAICKV_COMPRESS_H
@@ -72,6 +77,16 @@ struct mkv_encode_opts {
 	 * segment's).  Borrowed for the duration of the call; copied.
 	 */
 	const float *rotation;
+	/*
+	 * Added in version 2 of this struct (a caller compiled against
+	 * version 1 passes the smaller size and gets the default).
+	 * 0 (default): the kept values are stored as store_dtype elements.
+	 * 4..8: each vector's kept values are stored as signed integers of
+	 * this many bits with one scale per vector (the packed row format
+	 * under struct mkv_packed_view).  Ignored fields of other versions:
+	 * none.
+	 */
+	uint32_t value_bits;
 };
 
 /*
@@ -111,8 +126,16 @@ MKV_API void mkv_segment_destroy(struct mkv_segment *s);
  * A read-only view of a segment's packed arrays, for the GPU kernels, the
  * tiers and tools.  Pointers are borrowed: valid until the segment is
  * destroyed.  All arrays are densely packed, row-major:
- *   values    n × r elements of store_dtype; vector i at values + i*r;
- *             block j's vectors are contiguous (b*r elements);
+ *   values    n rows of row_bytes bytes; vector i at values + i*row_bytes;
+ *             block j's rows are contiguous (b*row_bytes bytes).  A row is
+ *             - value_bits == 0: r elements of store_dtype;
+ *             - value_bits == w (4..8): a bf16 scale s (>= 0, finite),
+ *               then r fields of w bits, LSB-first from the third byte
+ *               (field k at bit 16 + k*w of the row), zero padding to an
+ *               even row_bytes = 2 + ceil(r*w/8) (+1).  Field u holds the
+ *               value (u - 2^(w-1)) * s; encoding takes s = the vector's
+ *               largest kept magnitude / (2^(w-1) - 1) rounded up to bf16
+ *               and u = 2^(w-1) + rint(x / s);
  *   bitmaps   n × bitmap_bytes; bit j (byte j/8, bit j%8, LSB first) set
  *             means group j (rotated channels j*g .. j*g+g-1) is stored; the
  *             stored values follow the order of the set bits;
@@ -121,6 +144,14 @@ MKV_API void mkv_segment_destroy(struct mkv_segment *s);
  *   sum_min,  n_blocks × summary_channels elements of store_dtype (keys only,
  *   sum_max   NULL for values); rounded outward so they bound the exact
  *             rotated keys.
+ *   sum_rest  n_blocks elements of store_dtype (keys only, NULL for
+ *             values): the largest, over the block's tokens, of
+ *             sqrt(max(0, |x|² - |x'_{0..S-1}|²)) for the exact key x and
+ *             its first S rotated channels, rounded up.  A query q scores
+ *             the block as sum_c max(q'_c min_c, q'_c max_c) +
+ *             sqrt(max(0, |q|² - |q'_{0..S-1}|²)) * rest, which bounds
+ *             every q·x of the block (Cauchy-Schwarz on the remainder).
+ *             Zero in segments serialized by version 1 of the format.
  */
 struct mkv_packed_view {
 	uint32_t n, d, d_keep, r, g, b;
@@ -135,7 +166,19 @@ struct mkv_packed_view {
 	const void *rotation;
 	const void *sum_min;
 	const void *sum_max;
+	/* Added with quantized values and remainder bounds. */
+	uint32_t value_bits;       /* 0 or 4..8, as in mkv_encode_opts */
+	uint32_t row_bytes;        /* bytes of one vector's packed values */
+	const void *sum_rest;
 };
+
+/*
+ * Bytes of one packed row of @r values: r * sizeof(store_dtype) when
+ * @value_bits is 0, else 2 + ceil(r * value_bits / 8) rounded up to even.
+ * 0 for an invalid combination.
+ */
+MKV_API uint32_t mkv_row_bytes(uint32_t r, uint32_t value_bits,
+			       enum mkv_dtype store_dtype);
 
 /* Fill *@v.  Returns 0, or -EINVAL on NULL arguments. */
 MKV_API int mkv_segment_view(const struct mkv_segment *s,
@@ -146,7 +189,7 @@ struct mkv_segment_bytes {
 	size_t values;    /* packed values */
 	size_t bitmaps;   /* position bitmaps */
 	size_t rotation;  /* the rotation matrix */
-	size_t summaries; /* block min/max (keys) */
+	size_t summaries; /* block min/max and remainder bounds (keys) */
 	size_t total;     /* sum of the above */
 	size_t dense;     /* the same vectors dense in bf16: n * d * 2 */
 };

@@ -87,10 +87,15 @@ struct mkv_seq_opts {
 	uint32_t window;         /* recent tokens attended dense, 0..4096.
 	                          * Default 64 */
 	double token_frac;       /* history share selected, (0, 1].  Default 0.1 */
-	uint32_t r;              /* values per vector; 0 (default): chosen per
-	                          * segment from loss_threshold */
-	uint32_t g;              /* group size when r != 0.  Default 1 */
-	uint32_t b;              /* block size when r != 0.  Default 16 */
+	uint32_t r;              /* values per vector, 1..d_keep, a multiple
+	                          * of g; 0 (default): the default budget,
+	                          * about the bytes of d/4 bf16 values per
+	                          * vector: at value_bits 6, r = 40 of 64 and
+	                          * 82 of 128 (mkv_seq_default_r: the largest
+	                          * r whose row fits d/2 bytes; d/4 with
+	                          * value_bits 0).  Ignored when adaptive */
+	uint32_t g;              /* group size.  Default 1 */
+	uint32_t b;              /* block size.  Default 16 */
 	uint32_t drop;           /* 1: drop the 25% lowest-variance channels.
 	                          * Default 0 (see docs/ACCURACY.md) */
 	double loss_threshold;   /* relative loss target.  Default 0.3 */
@@ -102,9 +107,25 @@ struct mkv_seq_opts {
 	uint32_t device_attend;  /* 1 (default): keep device copies and attend
 	                          * on the GPU where possible (see the top of
 	                          * this file); 0: never touch CUDA */
+	/* Version 2 of this struct.  A caller passing version 1's size gets
+	 * version 1's behaviour: adaptive = 1, value_bits = 0. */
+	uint32_t value_bits;     /* 0: packed values in store_dtype; 4..8:
+	                          * that many bits each plus one bf16 scale per
+	                          * vector (mkv_encode_opts).  Default 6 */
+	uint32_t adaptive;       /* 1: r, g and b chosen per segment from
+	                          * loss_threshold and var_threshold (the
+	                          * strategy generator); 0 (default): fixed */
 };
 
 MKV_API int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size);
+
+/*
+ * The r that r = 0 stands for at head dim @d, @value_bits and group size
+ * @g: the largest multiple of g whose packed row fits d/2 bytes (the bytes
+ * of d/4 bf16 values), d/4 with value_bits 0; capped at d_keep by
+ * mkv_seq_open when channels are dropped.  0 for invalid arguments.
+ */
+MKV_API uint32_t mkv_seq_default_r(uint32_t d, uint32_t value_bits, uint32_t g);
 
 struct mkv_seq;
 

@@ -385,6 +385,18 @@ uint32_t th_popcount_bits(const uint8_t *p, uint32_t nbits)
 	return c;
 }
 
+double th_view_value(const struct mkv_packed_view *v, size_t i, size_t k)
+{
+	const uint8_t *row = (const uint8_t *)v->values + i * v->row_bytes;
+	if (!v->value_bits)
+		return th_elem(row, v->store_dtype, k);
+	uint32_t w = v->value_bits, u = 0;
+	for (uint32_t t = 0; t < w; t++)
+		u |= (uint32_t)th_bit(row + 2, (uint32_t)(k * w + t)) << t;
+	double scale = th_bf16_to_f32((uint16_t)(row[0] | row[1] << 8));
+	return (double)((int)u - (1 << (w - 1))) * scale;
+}
+
 void th_view_unpack(const struct mkv_packed_view *v, size_t i, double *out)
 {
 	const uint8_t *bm = v->bitmaps + i * v->bitmap_bytes;
@@ -393,8 +405,7 @@ void th_view_unpack(const struct mkv_packed_view *v, size_t i, double *out)
 		for (uint32_t t = 0; t < v->g; t++) {
 			double x = 0;
 			if (th_bit(bm, j) && k < v->r)
-				x = th_elem(v->values, v->store_dtype,
-					    i * v->r + k++);
+				x = th_view_value(v, i, k++);
 			out[j * v->g + t] = x;
 		}
 	}

@@ -94,6 +94,10 @@ static inline bool th_bit(const uint8_t *p, uint32_t j)
  */
 void th_view_unpack(const struct mkv_packed_view *v, size_t i, double *out);
 
+/* Stored value @k of vector @i of a view, decoded from the row as the
+ * format defines it (quantized fields read bit by bit). */
+double th_view_value(const struct mkv_packed_view *v, size_t i, size_t k);
+
 /*
  * Reconstruct vectors [0, n) of a view in the original channels, in double,
  * from the view's values, bitmaps and rotation: x̂ = x̂' R.  @out: n × d.

@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -278,6 +279,21 @@ Test(badinput, r_not_multiple_of_g)
 	double l = 7.0;
 	EXPECT_RC(mkv_segstats_loss(F->st, 6, 4, &l), -EINVAL);
 	cr_assert_eq(l, 7.0);
+	fx_unchanged();
+}
+
+Test(badinput, value_bits_unsupported)
+{
+	uint32_t bad[] = {1, 2, 3, 9, 16, 32};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		struct mkv_encode_opts o = good_opts();
+		o.value_bits = bad[i];
+		encode_fails(&o, F->x, MKV_DTYPE_F32, N, -EINVAL, "value_bits");
+		cr_assert_eq(mkv_row_bytes(16, bad[i], MKV_DTYPE_BF16), 0u,
+			     "row bytes of value_bits %u", bad[i]);
+	}
+	cr_assert_eq(mkv_row_bytes(0, 6, MKV_DTYPE_BF16), 0u);
+	cr_assert_eq(mkv_row_bytes(16, 0, MKV_DTYPE_F16), 0u);
 	fx_unchanged();
 }
 
@@ -580,13 +596,14 @@ Test(badinput, null_attention)
 
 /* ---- options sizes ------------------------------------------------------- */
 
-#define INIT_SIZE_CASE(type, init)                                                     \
+/* @v1: the size of the struct's first version (smaller sizes are wrong). */
+#define INIT_SIZE_CASE_V(type, init, v1)                                               \
 	do {                                                                           \
 		union {                                                                \
 			type o;                                                        \
 			unsigned char raw[sizeof(type) + 64];                          \
 		} u, u0;                                                               \
-		size_t sizes[] = {0, 3, sizeof(size_t), sizeof(type) - 1,              \
+		size_t sizes[] = {0, 3, sizeof(size_t), (v1) - 1,                      \
 				  sizeof(type) + 1, sizeof(type) + 8};                 \
 		for (size_t i_ = 0; i_ < sizeof sizes / sizeof *sizes; i_++) {         \
 			memset(&u, 0xa7, sizeof u);                                    \
@@ -598,18 +615,41 @@ Test(badinput, null_attention)
 		EXPECT_RC(init(&u.o, sizeof(type)), 0);                                \
 		cr_assert_eq(u.o.size, sizeof(type));                                  \
 	} while (0)
+#define INIT_SIZE_CASE(type, init) INIT_SIZE_CASE_V(type, init, sizeof(type))
+
+/* Version 1 of struct mkv_encode_opts ended at .rotation. */
+#define ENC_V1 (offsetof(struct mkv_encode_opts, rotation) + sizeof(const float *))
 
 Test(badinput, opts_init_wrong_size)
 {
-	INIT_SIZE_CASE(struct mkv_encode_opts, mkv_encode_opts_init);
+	INIT_SIZE_CASE_V(struct mkv_encode_opts, mkv_encode_opts_init, ENC_V1);
+	/* A version-1 caller: its size is accepted, nothing past it written,
+	 * and encoding with it gives the version-2 defaults (element rows). */
+	union {
+		struct mkv_encode_opts o;
+		unsigned char raw[sizeof(struct mkv_encode_opts)];
+	} w;
+	memset(&w, 0xa7, sizeof w);
+	EXPECT_RC(mkv_encode_opts_init(&w.o, ENC_V1), 0);
+	cr_assert_eq(w.o.size, ENC_V1);
+	for (size_t i = ENC_V1; i < sizeof w; i++)
+		cr_assert_eq(w.raw[i], 0xa7, "byte %zu past a version-1 struct written", i);
+	w.o.d = D;
+	w.o.r = 16;
+	struct mkv_segment *s = NULL;
+	EXPECT_RC(mkv_segment_encode(&w.o, F->x, MKV_DTYPE_F32, N, &s), 0);
+	struct mkv_packed_view v;
+	cr_assert_eq(mkv_segment_view(s, &v), 0);
+	cr_assert_eq(v.value_bits, 0);
+	cr_assert_eq(v.row_bytes, 16 * 2);
+	mkv_segment_destroy(s);
 	INIT_SIZE_CASE(struct mkv_strategy_opts, mkv_strategy_opts_init);
 	INIT_SIZE_CASE(struct mkv_attn_opts, mkv_attn_opts_init);
 }
 
 Test(badinput, opts_struct_wrong_size)
 {
-	size_t bad[] = {0, 3, sizeof(struct mkv_encode_opts) - 1,
-			sizeof(struct mkv_encode_opts) + 8};
+	size_t bad[] = {0, 3, ENC_V1 - 1, sizeof(struct mkv_encode_opts) + 8};
 	for (size_t i = 0; i < 4; i++) {
 		struct mkv_encode_opts o = good_opts();
 		o.size = bad[i];

@@ -241,10 +241,43 @@ Test(blocksel, score_blocks_matches_bound)
 		attn_opts(&ao, d, nq, 0.1);
 		int rc = mkv_score_blocks(&ao, h.q, h.ks[0], scores);
 		cr_assert_eq(rc, 0, "seed=%llu: score_blocks rc=%d", (unsigned long long)seed, rc);
+		/* per head: |q| and its norm outside the S bounded channels */
+		double qn[8], qp[8];
+		for (uint32_t hh = 0; hh < nq; hh++) {
+			double n2 = 0, s2 = 0;
+			for (uint32_t c = 0; c < d; c++)
+				n2 += h.qd[(size_t)hh * d + c] * h.qd[(size_t)hh * d + c];
+			for (uint32_t c = 0; c < S; c++)
+				s2 += qr[(size_t)hh * dk + c] * qr[(size_t)hh * dk + c];
+			qn[hh] = sqrt(n2);
+			qp[hh] = sqrt(fmax(0.0, n2 - s2));
+		}
 		for (uint32_t j = 0; j < nb; j++) {
-			double best = -INFINITY, mag = 0;
+			/* the remainder bound: the largest norm of a key outside
+			 * its S bounded channels, rounded up */
+			size_t u0 = (size_t)j * v.b, u1 = u0 + v.b > n ? n : u0 + v.b;
+			double rest_ref = 0;
+			for (size_t i = u0; i < u1; i++) {
+				double n2 = 0, s2 = 0;
+				for (uint32_t c = 0; c < d; c++)
+					n2 += (double)h.k[i * d + c] * h.k[i * d + c];
+				for (uint32_t a = 0; a < S; a++)
+					s2 += kr[i * S + a] * kr[i * S + a];
+				rest_ref = fmax(rest_ref, sqrt(fmax(0.0, n2 - s2)));
+			}
+			double rest = th_elem(v.sum_rest, v.store_dtype, j);
+			/* float cancellation in |k|² - |k'_S|² costs up to
+			 * sqrt(eps)·|k| */
+			double rtol = 1e-3 * knorm;
+			cr_assert(rest >= rest_ref - rtol &&
+				  rest <= rest_ref * (1 + 0x1p-6) + rtol,
+				  "seed=%llu d=%u S=%u store=%s: block %u remainder bound %.9g, want %.9g",
+				  (unsigned long long)seed, d, S, th_dtype_name(v.store_dtype),
+				  j, rest, rest_ref);
+			double best = -INFINITY, mag = 0, ptol = 0;
 			for (uint32_t hh = 0; hh < nq; hh++) {
-				double acc = 0;
+				double acc = qp[hh] * rest;
+				ptol = fmax(ptol, (1e-3 * qn[hh] + 1e-5 * qp[hh]) * rest);
 				for (uint32_t c = 0; c < S; c++) {
 					double mn = th_elem(v.sum_min, v.store_dtype, (size_t)j * S + c);
 					double mx = th_elem(v.sum_max, v.store_dtype, (size_t)j * S + c);
@@ -255,7 +288,7 @@ Test(blocksel, score_blocks_matches_bound)
 				if (acc > best)
 					best = acc;
 			}
-			cr_assert(fabs(scores[j] - best) <= 1e-5 * mag / nq + 1e-6,
+			cr_assert(fabs(scores[j] - best) <= 1e-5 * mag / nq + ptol + 1e-6,
 				  "seed=%llu d=%u nq=%u S=%u store=%s: block %u score %.9g, bound %.9g",
 				  (unsigned long long)seed, d, nq, S,
 				  th_dtype_name(v.store_dtype), j, scores[j], best);
@@ -315,6 +348,8 @@ Test(blocksel, frac_one_selects_all_and_equals_full_attention)
 		o.g = 1u << (it % 4);
 		o.r = o.g * (1 + th_below(&rng, (o.drop ? d - d / 4 : d) / o.g));
 		o.store_dtype = th_below(&rng, 2) ? MKV_DTYPE_BF16 : MKV_DTYPE_F32;
+		/* element rows and quantized rows of every width */
+		o.value_bits = it % 3 == 0 ? 0 : 4 + th_below(&rng, 5);
 		hist_encode(&h, &o, seed);
 
 		size_t nb = 0;

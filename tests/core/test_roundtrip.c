@@ -13,7 +13,9 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "helpers.h"
 
@@ -22,6 +24,7 @@ static const uint32_t dims[3] = {64, 128, 256};
 struct seg_case {
 	uint64_t seed;
 	uint32_t d, g, r, b, drop, rotate, S;
+	uint32_t value_bits; /* 0, or 4..8: quantized rows */
 	enum mkv_kind kind;
 	enum mkv_dtype store, in_dt;
 	size_t n;
@@ -44,6 +47,17 @@ static void random_case(struct th_rng *rng, struct seg_case *k, uint64_t seed)
 	/* S is for keys; the library refuses it on value segments */
 	k->S = k->kind == MKV_KIND_VALUE || th_below(rng, 2) ? 0 : 1 + th_below(rng, dk);
 	k->n = 1 + th_below(rng, 300);
+	static const uint32_t vb[] = {0, 0, 0, 4, 5, 6, 7, 8};
+	k->value_bits = vb[th_below(rng, 8)];
+}
+
+/* Bytes of one packed row, from the format's definition. */
+static size_t row_bytes_ref(uint32_t r, uint32_t w, enum mkv_dtype store)
+{
+	if (!w)
+		return (size_t)r * th_dtype_size(store);
+	size_t bytes = 2 + ((size_t)r * w + 7) / 8;
+	return bytes + (bytes & 1);
 }
 
 static struct mkv_segment *encode_case(const struct seg_case *k, double **ref_out)
@@ -66,6 +80,7 @@ static struct mkv_segment *encode_case(const struct seg_case *k, double **ref_ou
 	o.kind = k->kind;
 	o.store_dtype = k->store;
 	o.summary_channels = k->kind == MKV_KIND_KEY ? k->S : 0;
+	o.value_bits = k->value_bits;
 	struct mkv_segment *s = NULL;
 	int rc = mkv_segment_encode(&o, buf, k->in_dt, k->n, &s);
 	cr_assert_eq(rc, 0,
@@ -81,11 +96,21 @@ static struct mkv_segment *encode_case(const struct seg_case *k, double **ref_ou
 	return s;
 }
 
-static float stored_value(const struct mkv_packed_view *v, size_t idx)
+/* Value @k of vector @i, read bit by bit from the row as the format
+ * defines it (the library reads whole bytes). */
+static float stored_value(const struct mkv_packed_view *v, size_t i, size_t k)
 {
-	if (v->store_dtype == MKV_DTYPE_F32)
-		return ((const float *)v->values)[idx];
-	return th_bf16_to_f32(((const uint16_t *)v->values)[idx]);
+	const uint8_t *row = (const uint8_t *)v->values + i * v->row_bytes;
+	if (!v->value_bits) {
+		if (v->store_dtype == MKV_DTYPE_F32)
+			return ((const float *)row)[k];
+		return th_bf16_to_f32(((const uint16_t *)row)[k]);
+	}
+	uint32_t w = v->value_bits, u = 0;
+	for (uint32_t t = 0; t < w; t++)
+		u |= (uint32_t)th_bit(row + 2, k * w + t) << t;
+	float scale = th_bf16_to_f32((uint16_t)(row[0] | row[1] << 8));
+	return (float)((double)((int)u - (1 << (w - 1))) * scale);
 }
 
 Test(roundtrip, rotated_decode_is_bit_exact)
@@ -116,11 +141,12 @@ Test(roundtrip, rotated_decode_is_bit_exact)
 					if (set) {
 						cr_assert(next < k.r, "seed=%llu: vector %zu has more than r stored values",
 							  (unsigned long long)seed, i);
-						float want = stored_value(&v, i * k.r + next++);
+						float want = stored_value(&v, i, next++);
 						cr_assert(memcmp(&got, &want, 4) == 0,
-							  "seed=%llu store=%s g=%u: vector %zu channel %u decoded %a, stored %a",
+							  "seed=%llu store=%s g=%u bits=%u: vector %zu channel %u decoded %a, stored %a",
 							  (unsigned long long)seed,
-							  th_dtype_name(k.store), k.g, i, ch, got, want);
+							  th_dtype_name(k.store), k.g, k.value_bits, i, ch,
+							  got, want);
 					} else {
 						cr_assert(got == 0.0f,
 							  "seed=%llu: vector %zu channel %u unset but decoded %a",
@@ -188,6 +214,7 @@ Test(roundtrip, full_r_reconstructs_input)
 		k.r = k.d;
 		k.S = 0;
 		k.store = MKV_DTYPE_F32;
+		k.value_bits = 0;
 		double *ref = NULL;
 		struct mkv_segment *s = encode_case(&k, &ref);
 		float *dec = th_alloc(k.n * k.d * sizeof *dec);
@@ -201,6 +228,61 @@ Test(roundtrip, full_r_reconstructs_input)
 	}
 }
 
+/*
+ * Quantized rows against the same segment encoded with f32 element rows:
+ * the same rotation and bitmaps, a per-vector scale in
+ * [amax/qmax, amax/qmax * (1 + 2^-7)] and every value within half a step.
+ */
+Test(roundtrip, quantized_rows_within_half_a_step)
+{
+	for (int it = 0; it < 20; it++) {
+		uint64_t seed = th_seed();
+		struct th_rng rng;
+		th_rng_init(&rng, seed);
+		struct seg_case k;
+		random_case(&rng, &k, seed);
+		k.store = MKV_DTYPE_F32;
+		k.value_bits = 4 + (uint32_t)(it % 5);
+		struct mkv_segment *q = encode_case(&k, NULL);
+		struct seg_case e = k;
+		e.value_bits = 0;
+		struct mkv_segment *f = encode_case(&e, NULL);
+		struct mkv_packed_view vq, vf;
+		cr_assert_eq(mkv_segment_view(q, &vq), 0);
+		cr_assert_eq(mkv_segment_view(f, &vf), 0);
+		cr_assert_eq(vq.value_bits, k.value_bits);
+		cr_assert_eq(vq.row_bytes, row_bytes_ref(k.r, k.value_bits, k.store));
+		cr_assert(memcmp(vq.rotation, vf.rotation, (size_t)vq.d_keep * vq.d * 4) == 0);
+		cr_assert(memcmp(vq.bitmaps, vf.bitmaps, (size_t)vq.n * vq.bitmap_bytes) == 0,
+			  "seed=%llu: quantizing changed the selection", (unsigned long long)seed);
+		double qmax = (double)((1 << (k.value_bits - 1)) - 1);
+		for (size_t i = 0; i < k.n; i++) {
+			double amax = 0;
+			for (uint32_t j = 0; j < k.r; j++)
+				amax = fmax(amax, fabs(stored_value(&vf, i, j)));
+			const uint8_t *row = (const uint8_t *)vq.values + i * vq.row_bytes;
+			double scale = th_bf16_to_f32((uint16_t)(row[0] | row[1] << 8));
+			cr_assert(scale >= amax / qmax * (1 - 1e-7) &&
+				  scale <= amax / qmax * (1 + 1.0 / 128) + 1e-30,
+				  "seed=%llu bits=%u: vector %zu scale %.9g for amax %.9g",
+				  (unsigned long long)seed, k.value_bits, i, scale, amax);
+			for (uint32_t j = 0; j < k.r; j++) {
+				double x = stored_value(&vf, i, j), y = stored_value(&vq, i, j);
+				cr_assert(fabs(x - y) <= scale * 0.5 * (1 + 1e-6),
+					  "seed=%llu bits=%u: vector %zu value %u: %.9g quantized to %.9g (step %.9g)",
+					  (unsigned long long)seed, k.value_bits, i, j, x, y, scale);
+			}
+			/* padding past the last field is zero */
+			for (size_t bit = 16 + (size_t)k.r * k.value_bits; bit < (size_t)vq.row_bytes * 8; bit++)
+				cr_assert(!((row[bit / 8] >> (bit % 8)) & 1),
+					  "seed=%llu: padding bit %zu of vector %zu set",
+					  (unsigned long long)seed, bit, i);
+		}
+		mkv_segment_destroy(q);
+		mkv_segment_destroy(f);
+	}
+}
+
 static size_t arr_bytes(enum mkv_dtype dt, size_t count)
 {
 	return count * th_dtype_size(dt);
@@ -211,11 +293,12 @@ static void assert_views_equal(uint64_t seed, const struct mkv_packed_view *a,
 {
 	cr_assert(a->n == b->n && a->d == b->d && a->d_keep == b->d_keep &&
 		  a->r == b->r && a->g == b->g && a->b == b->b &&
+		  a->value_bits == b->value_bits && a->row_bytes == b->row_bytes &&
 		  a->n_blocks == b->n_blocks && a->bitmap_bytes == b->bitmap_bytes &&
 		  a->summary_channels == b->summary_channels && a->kind == b->kind &&
 		  a->store_dtype == b->store_dtype && a->rotated == b->rotated,
 		  "seed=%llu: view scalars differ after deserialize", (unsigned long long)seed);
-	cr_assert(memcmp(a->values, b->values, arr_bytes(a->store_dtype, (size_t)a->n * a->r)) == 0,
+	cr_assert(memcmp(a->values, b->values, (size_t)a->n * a->row_bytes) == 0,
 		  "seed=%llu: values differ", (unsigned long long)seed);
 	cr_assert(memcmp(a->bitmaps, b->bitmaps, (size_t)a->n * a->bitmap_bytes) == 0,
 		  "seed=%llu: bitmaps differ", (unsigned long long)seed);
@@ -228,9 +311,13 @@ static void assert_views_equal(uint64_t seed, const struct mkv_packed_view *a,
 			  "seed=%llu: sum_min differs", (unsigned long long)seed);
 		cr_assert(memcmp(a->sum_max, b->sum_max, sb) == 0,
 			  "seed=%llu: sum_max differs", (unsigned long long)seed);
+		cr_assert(memcmp(a->sum_rest, b->sum_rest,
+				 arr_bytes(a->store_dtype, a->n_blocks)) == 0,
+			  "seed=%llu: sum_rest differs", (unsigned long long)seed);
 	} else {
 		cr_assert_null(b->sum_min);
 		cr_assert_null(b->sum_max);
+		cr_assert_null(b->sum_rest);
 	}
 }
 
@@ -290,6 +377,86 @@ Test(roundtrip, serialize_deserialize_identical)
 		mkv_segment_destroy(s2);
 		mkv_segment_destroy(s);
 		free(buf);
+	}
+}
+
+/*
+ * Version 1 of the serialized format (before quantized rows and remainder
+ * bounds), rebuilt here from the layout it had: an 80-byte header without
+ * value_bits, five arrays at 16-byte boundaries, the same checksum rule.
+ * A store's NVMe tier may hold such files; they must still load, with a
+ * zero remainder bound, and a flipped byte must still be caught.
+ */
+struct v1_hdr {
+	char magic[8];
+	uint32_t version, hdr_size;
+	uint32_t n, d, d_keep, r, g, b, S;
+	uint32_t kind, store_dtype, rotated;
+	uint64_t total_len, checksum;
+};
+
+static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+Test(roundtrip, version1_segments_still_load)
+{
+	for (int it = 0; it < 8; it++) {
+		uint64_t seed = th_seed();
+		struct th_rng rng;
+		th_rng_init(&rng, seed);
+		struct seg_case k;
+		random_case(&rng, &k, seed);
+		k.value_bits = 0; /* version 1 had element rows only */
+		k.kind = it & 1 ? MKV_KIND_KEY : MKV_KIND_VALUE;
+		k.S = 0;
+		struct mkv_segment *s = encode_case(&k, NULL);
+		struct mkv_packed_view v;
+		cr_assert_eq(mkv_segment_view(s, &v), 0);
+		size_t es = th_dtype_size(v.store_dtype);
+		size_t len[5] = {(size_t)v.n * v.r * es, (size_t)v.n * v.bitmap_bytes,
+				 (size_t)v.d_keep * v.d * es,
+				 (size_t)v.n_blocks * v.summary_channels * es,
+				 (size_t)v.n_blocks * v.summary_channels * es};
+		const void *src[5] = {v.values, v.bitmaps, v.rotation, v.sum_min, v.sum_max};
+		size_t pos = al16(sizeof(struct v1_hdr)), off[5];
+		for (int i = 0; i < 5; i++) {
+			off[i] = pos;
+			pos = al16(pos + len[i]);
+		}
+		char *buf = th_alloc(pos);
+		memset(buf, 0, pos);
+		struct v1_hdr h = {.version = 1, .hdr_size = sizeof h, .n = v.n, .d = v.d,
+				   .d_keep = v.d_keep, .r = v.r, .g = v.g, .b = v.b,
+				   .S = v.summary_channels, .kind = v.kind,
+				   .store_dtype = v.store_dtype, .rotated = v.rotated,
+				   .total_len = pos};
+		memcpy(h.magic, "MKVSEG\r\n", 8);
+		memcpy(buf, &h, sizeof h);
+		for (int i = 0; i < 5; i++)
+			if (src[i])
+				memcpy(buf + off[i], src[i], len[i]);
+		size_t ck = offsetof(struct v1_hdr, checksum);
+		uint64_t sd = XXH3_64bits(buf, ck);
+		h.checksum = XXH3_64bits_withSeed(buf + ck + 8, pos - ck - 8, sd);
+		memcpy(buf, &h, sizeof h);
+		struct mkv_segment *o = NULL;
+		int rc = mkv_segment_deserialize(buf, pos, &o);
+		cr_assert_eq(rc, 0, "seed=%llu: version-1 bytes rc=%d (%s)",
+			     (unsigned long long)seed, rc, mkv_strerror(rc));
+		struct mkv_packed_view w;
+		cr_assert_eq(mkv_segment_view(o, &w), 0);
+		cr_assert_eq(w.value_bits, 0);
+		cr_assert(memcmp(w.values, v.values, len[0]) == 0 &&
+			  memcmp(w.bitmaps, v.bitmaps, len[1]) == 0,
+			  "seed=%llu: version-1 rows differ", (unsigned long long)seed);
+		for (uint32_t j = 0; k.kind == MKV_KIND_KEY && j < w.n_blocks; j++)
+			cr_assert_eq(th_elem(w.sum_rest, w.store_dtype, j), 0.0);
+		mkv_segment_destroy(o);
+		buf[pos / 2] ^= 0x10;
+		o = NULL;
+		cr_assert_eq(mkv_segment_deserialize(buf, pos, &o), -MKV_ECORRUPT);
+		cr_assert_null(o);
+		free(buf);
+		mkv_segment_destroy(s);
 	}
 }
 
@@ -423,10 +590,10 @@ Test(roundtrip, segment_bytes_accounting)
 		size_t es = th_dtype_size(k.store);
 		uint32_t dk = k.drop ? k.d - k.d / 4 : k.d;
 		size_t nb = (k.n + k.b - 1) / k.b;
-		size_t want_vals = k.n * k.r * es;
+		size_t want_vals = k.n * row_bytes_ref(k.r, k.value_bits, k.store);
 		size_t want_bm = k.n * ((dk / k.g + 7) / 8);
 		size_t want_rot = (size_t)dk * k.d * es;
-		size_t want_sum = k.kind == MKV_KIND_KEY ? 2 * nb * v.summary_channels * es : 0;
+		size_t want_sum = k.kind == MKV_KIND_KEY ? (2 * v.summary_channels + 1) * nb * es : 0;
 		cr_assert_eq(b.values, want_vals, "seed=%llu: values %zu, want %zu",
 			     (unsigned long long)seed, b.values, want_vals);
 		cr_assert_eq(b.bitmaps, want_bm, "seed=%llu: bitmaps %zu, want %zu",

@@ -145,6 +145,7 @@ static void exact_opts(struct mkv_seq_opts *o, uint32_t L, uint32_t H,
 	o->b = 16;
 	o->drop = 0;
 	o->store_dtype = MKV_DTYPE_F32;
+	o->value_bits = 0;
 	o->token_frac = 1.0;
 	o->min_segment = 32;
 	o->max_segment = 96;
@@ -315,14 +316,17 @@ Test(sequence, no_token_lost_64_seqs_4_threads, .timeout = 600) { no_token_lost(
 /* ---------------------------------------------------------------------- */
 /* The swap never makes things worse. */
 
-Test(sequence, swap_not_worse_on_drifting_data, .timeout = 120)
+/* @value_bits 0: r = 16 bf16 values (25% of the channels); else the
+ * default budget (r = 0) in rows of that many bits. */
+static void swap_not_worse(uint32_t value_bits)
 {
 	const uint32_t L = 1, H = 1, G = 4, d = 64, n0 = 512, steps = 256;
 	uint64_t seed = fresh_seed(), rng = seed;
 	struct mkv_store *st = host_store((size_t)64 << 20);
 	struct mkv_seq_opts o;
 	exact_opts(&o, L, H, G, d);
-	o.r = 16; /* 25% of the channels: compression on */
+	o.r = value_bits ? 0 : 16; /* compression on */
+	o.value_bits = value_bits;
 	o.store_dtype = MKV_DTYPE_BF16;
 	o.prefill_segment = 512;
 	o.max_segment = 4096; /* no automatic close during the test */
@@ -374,12 +378,41 @@ Test(sequence, swap_not_worse_on_drifting_data, .timeout = 120)
 	cr_assert_eq(ss.swaps, 1, "swaps %llu", (unsigned long long)ss.swaps);
 	for (int qn = 0; qn < 32; qn++)
 		after += attend_error(s, &t, 0, &r2); /* the same queries */
-	cr_assert(after <= before, "seed %llu: error after the swap %.4f > before %.4f",
-		  (unsigned long long)seed, after / 32, before / 32);
+	cr_assert(after <= before, "seed %llu bits %u: error after the swap %.4f > before %.4f",
+		  (unsigned long long)seed, value_bits, after / 32, before / 32);
 	mkv_seq_close(s);
 	mkv_store_destroy(st);
 	free(t.k);
 	free(t.v);
+}
+
+Test(sequence, swap_not_worse_on_drifting_data, .timeout = 120) { swap_not_worse(0); }
+Test(sequence, swap_not_worse_quantized_default, .timeout = 120) { swap_not_worse(6); }
+
+/* r = 0 resolves to the largest multiple of g whose row fits d/2 bytes,
+ * computed here from the row format's definition. */
+Test(sequence, default_budget_r)
+{
+	for (uint32_t d = 64; d <= 256; d *= 2)
+		for (uint32_t w = 0; w <= 8; w++) {
+			if (w && w < 4)
+				continue;
+			for (uint32_t g = 1; g <= 8; g *= 2) {
+				uint32_t want = 0;
+				for (uint32_t r = g; r <= d; r += g) {
+					size_t row = w ? 2 + ((size_t)r * w + 7) / 8 : (size_t)r * 2;
+					row += w ? row & 1 : 0;
+					if (w ? row <= d / 2 : r <= d / 4)
+						want = r;
+				}
+				cr_assert_eq(mkv_seq_default_r(d, w, g), want,
+					     "d %u bits %u g %u: r %u, want %u", d, w, g,
+					     mkv_seq_default_r(d, w, g), want);
+			}
+		}
+	cr_assert_eq(mkv_seq_default_r(64, 6, 1), 40u);
+	cr_assert_eq(mkv_seq_default_r(64, 3, 1), 0u);
+	cr_assert_eq(mkv_seq_default_r(96, 6, 1), 0u);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -512,6 +545,16 @@ Test(sequence, bad_input_changes_nothing, .timeout = 60)
 	bad = o;
 	bad.r = d + 1;
 	cr_assert_eq(mkv_seq_open(st, &bad, 1, &s), -EINVAL);
+	uint32_t badbits[] = {1, 3, 9, 16};
+	for (int i = 0; i < 4; i++) {
+		bad = o;
+		bad.value_bits = badbits[i];
+		cr_assert_eq(mkv_seq_open(st, &bad, 1, &s), -EINVAL, "value_bits %u", badbits[i]);
+	}
+	bad = o;
+	bad.adaptive = 2;
+	cr_assert_eq(mkv_seq_open(st, &bad, 1, &s), -EINVAL);
+	cr_assert_eq(s, (struct mkv_seq *)0x1, "out written on failure");
 	cr_assert_eq(mkv_seq_open(NULL, &o, 1, &s), -EINVAL);
 	cr_assert_eq(mkv_seq_opts_init(&o, 5), -EINVAL);
 	cr_assert_eq(mkv_seq_open(st, &o, 1, &s), 0);
