@@ -6,10 +6,12 @@
  * mkv_attend_quest (mosaickv/attention.c).
  *
  * One step over H contexts (sequence × KV head) is five launches:
- *   qrot    q'_seg = R_k,seg q for every segment (R_k read once per step);
+ *   qrot    q'_seg = R_k,seg q for every segment (R_k read once per step),
+ *           and per query head qperp = sqrt(max(0, |q|² − |q'_{0..S-1}|²));
  *   score   one thread per block: Σ_c max(q'_c min_c, q'_c max_c) over the
- *           first S channels, max over the group's query heads — the CPU's
- *           operation order, so equal q' give bitwise-equal scores;
+ *           first S channels plus qperp · rest (the block's remainder
+ *           bound), max over the group's query heads — the CPU's operation
+ *           order, so equal q' give bitwise-equal scores;
  *   select  one CTA per context: weighted radix select (3 passes of 11/11/10
  *           bits over L2-resident scores, weights = tokens per block) for the
  *           cut-off key, ties to the lower block index, then an ordered
@@ -35,6 +37,9 @@
 #define HIST_WORDS (HIST_HI + HIST_LO)
 #define DENSE_T 1024   /* dense-kernel tokens per CTA */
 #define NQP(nq) ((nq) == 3 ? 4 : (nq))
+/* Rows of one segment's rotated query in the scratch: q'[c][P] for
+ * c < dk, then row GPU_MAX_D holds qperp[h] (the remainder's norm). */
+#define QR_ROWS (GPU_MAX_D + 1)
 
 struct ws_layout {
 	size_t qr, scores, ntok, sel, selseg, selkey, chunk, counts, part_o, part_ml;
@@ -65,7 +70,7 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 	L.base = al256((size_t)a->n_heads * HIST_WORDS * 4);
 	size_t off = 0;
 	L.qr = off;
-	off += al256((ns + 1) * GPU_MAX_D * NQP(a->nq) * sizeof(float));
+	off += al256((ns + 1) * QR_ROWS * NQP(a->nq) * sizeof(float));
 	L.scores = off;
 	off += al256(nb * sizeof(float));
 	L.ntok = off;
@@ -166,6 +171,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 {
 	__shared__ __align__(16) uint16_t Rs[GPU_MAX_D * QROT_LD];
 	__shared__ __align__(16) float qsm[GPU_MAX_D * 8]; /* [j][h] */
+	__shared__ float qrs[GPU_MAX_D * 8];                /* q'[c][h] */
 	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t si = blockIdx.x, nseg = H->nseg;
 	const struct gpu_seg *sg;
@@ -192,7 +198,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 		qsm[(i % d) * 8 + i / d] = qh[i];
 	asm volatile("cp.async.wait_group 0;" ::: "memory");
 	__syncthreads();
-	float *qr = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * GPU_MAX_D * P;
+	float *qr = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * QR_ROWS * P;
 	for (uint32_t o = threadIdx.x; o < dk * NQ; o += blockDim.x) {
 		uint32_t c = o / NQ, h = o % NQ;
 		const uint16_t *row = Rs + c * QROT_LD;
@@ -206,6 +212,18 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 				acc = fmaf(x[e], qsm[(j8 * 8 + e) * 8 + h], acc);
 		}
 		qr[(size_t)c * P + h] = acc;
+		qrs[c * 8 + h] = acc;
+	}
+	__syncthreads();
+	/* qperp: the CPU's sums (query_perp), sequential, unfused */
+	if (threadIdx.x < NQ) {
+		uint32_t h = threadIdx.x, S = min(sg->S, dk);
+		float nq = 0.0f, ns = 0.0f;
+		for (uint32_t j = 0; j < d; j++)
+			nq = __fadd_rn(nq, __fmul_rn(qsm[j * 8 + h], qsm[j * 8 + h]));
+		for (uint32_t c = 0; c < S; c++)
+			ns = __fadd_rn(ns, __fmul_rn(qrs[c * 8 + h], qrs[c * 8 + h]));
+		qr[(size_t)GPU_MAX_D * P + h] = sqrtf(fmaxf(0.0f, nq - ns));
 	}
 }
 
@@ -226,9 +244,11 @@ __device__ __forceinline__ uint32_t seg_of_block(const struct gpu_seg *segs, uin
 	return lo;
 }
 
+/* @qperp (NQ floats, may be NULL: Quest) times @rest is added per head. */
 template <int NQ>
 __device__ __forceinline__ float bound_score(const float *qp, int ldq, const uint16_t *mn,
-					     const uint16_t *mx, uint32_t S)
+					     const uint16_t *mx, uint32_t S,
+					     const float *qperp = NULL, float rest = 0.0f)
 {
 	float acc[NQ];
 #pragma unroll
@@ -284,6 +304,13 @@ __device__ __forceinline__ float bound_score(const float *qp, int ldq, const uin
 			for (int h = 0; h < NQ; h++)
 				acc[h] = __fadd_rn(acc[h], fmaxf(__fmul_rn(qv[h], a), __fmul_rn(qv[h], b)));
 		}
+	}
+	if (qperp) {
+		float qv[NQ];
+		loadq<NQ>(qperp, qv);
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			acc[h] = __fadd_rn(acc[h], __fmul_rn(qv[h], rest));
 	}
 	float best = acc[0];
 #pragma unroll
@@ -347,8 +374,10 @@ __global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, cha
 		const struct gpu_seg *sg = &H->segs[si];
 		uint32_t j = gb - sg->block0, S = sg->S;
 		constexpr int P = NQP(NQ);
-		const float *qp = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * GPU_MAX_D * P;
-		sc = bound_score<NQ>(qp, P, sg->s_min + (size_t)j * S, sg->s_max + (size_t)j * S, S);
+		const float *qp = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * QR_ROWS * P;
+		float rest = sg->s_rest ? bf1(sg->s_rest[j]) : 0.0f;
+		sc = bound_score<NQ>(qp, P, sg->s_min + (size_t)j * S, sg->s_max + (size_t)j * S, S,
+				     qp + (size_t)GPU_MAX_D * P, rest);
 		w = min(sg->b, sg->n - j * sg->b);
 		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
 		WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
@@ -1182,22 +1211,55 @@ struct pstate {
 };
 
 /*
- * One sub-block of up to 16 tokens (rows t0 .. t0+nt of segment @sg) by one
- * warp.  Lane = token (lane / 2) × half (lane % 2).  @qs: q' pre-scaled,
- * [c][P]; @vt: this warp's V tile (16 × VT_STRIDE floats); @ps: 16 × P.
+ * Quantized rows (value bits w = 4..8, the host's row format): fields
+ * 8m .. 8m+7 (group m) are the w bytes from byte 2 + w·m.  qgroup returns
+ * them as one 64-bit word, field 8m+e at bit e·w, from two or three
+ * aligned 32-bit loads (rows start 16-byte aligned; the third word may lie
+ * past the row: gpu.cuh's slack).  A lane of a sub-block decodes groups
+ * where the bf16 path decodes 8-value chunks, so the halves split a row
+ * the same way.
  */
+__device__ __forceinline__ uint64_t qgroup(const uint32_t *row, uint32_t w, uint32_t m)
+{
+	uint32_t byte = 2 + w * m, wi = byte >> 2, sh = (byte & 3) * 8;
+	uint32_t a = __ldg(row + wi), b = __ldg(row + wi + 1);
+	uint32_t c = sh + 8 * w > 64 ? __ldg(row + wi + 2) : 0u;
+	return ((uint64_t)__funnelshift_r(b, c, sh) << 32) | __funnelshift_r(a, b, sh);
+}
+
+/* The row's scale (bf16 in its first two bytes). */
+__device__ __forceinline__ float qscale(const uint32_t *row)
+{
+	return bf1((uint16_t)(__ldg(row) & 0xffffu));
+}
+
+/* Field e of a group, as the signed integer it stores. */
+__device__ __forceinline__ int qfield(uint64_t x, int e, uint32_t w)
+{
+	return (int)((uint32_t)(x >> (e * w)) & ((1u << w) - 1u)) - (1 << (w - 1));
+}
+
 /* Values of one half-vector: chunks [c0, c1) of 8, the first two preloaded
- * in @pre (so that K and V of a block are requested together). */
+ * in @pre (so that K and V of a block are requested together); with @w
+ * (quantized rows), groups [c0, c1) of 8 fields, decoded exactly
+ * (field × @sf). */
 template <int NQ, bool IS_K>
 __device__ __forceinline__ void half_vector(const uint4 *vp, const uint4 (&pre)[2], uint32_t c0,
-					    uint32_t c1, uint32_t r, bititer &it, const float *qs,
-					    float (&sc)[NQ], float *row)
+					    uint32_t c1, uint32_t r, uint32_t w, float sf,
+					    bititer &it, const float *qs, float (&sc)[NQ], float *row)
 {
 	constexpr int P = NQP(NQ);
 	for (uint32_t ck = c0; ck < c1; ck++) {
-		uint4 w = ck == c0 ? pre[0] : ck == c0 + 1 ? pre[1] : __ldg(vp + ck);
 		float x[8];
-		unpack8(w, x);
+		if (w) {
+			uint64_t q = qgroup((const uint32_t *)vp, w, ck);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				x[e] = (float)qfield(q, e, w) * sf;
+		} else {
+			uint4 u = ck == c0 ? pre[0] : ck == c0 + 1 ? pre[1] : __ldg(vp + ck);
+			unpack8(u, x);
+		}
 #pragma unroll
 		for (int e = 0; e < 8; e++) {
 			if (ck * 8 + e < r) {
@@ -1230,23 +1292,29 @@ __device__ __forceinline__ void packed_sub(const struct gpu_seg &sg, uint32_t t0
 	int lane = threadIdx.x & 31, t = lane >> 1, half = lane & 1;
 	bool valid = t < nt;
 	uint32_t tok = t0 + t;
-	uint32_t knck = sg.k_rs >> 3, kc0 = half ? (knck + 1) >> 1 : 0;
+	/* chunks of 8 values (bf16) or groups of 8 fields (quantized) */
+	uint32_t knck = (sg.k_r + 7) >> 3, kc0 = half ? (knck + 1) >> 1 : 0;
 	uint32_t kc1 = half ? knck : (knck + 1) >> 1;
-	uint32_t vnck = sg.v_rs >> 3, vc0 = half ? (vnck + 1) >> 1 : 0;
+	uint32_t vnck = (sg.v_r + 7) >> 3, vc0 = half ? (vnck + 1) >> 1 : 0;
 	uint32_t vc1 = half ? vnck : (vnck + 1) >> 1;
 	const uint4 *kp = (const uint4 *)(sg.k_val + (size_t)tok * sg.k_rs);
 	const uint4 *vp = (const uint4 *)(sg.v_val + (size_t)tok * sg.v_rs);
 	/* every load of the block first: one memory round trip, not two */
 	bititer ki, vi;
 	uint4 kpre[2], vpre[2];
+	float ksf = 0.0f, vsf = 0.0f;
 	if (valid) {
 		load_bm(ki, sg.k_bm + (size_t)tok * sg.k_bw, sg.k_bw);
 		load_bm(vi, sg.v_bm + (size_t)tok * sg.v_bw, sg.v_bw);
 #pragma unroll
 		for (int u = 0; u < 2; u++) {
-			kpre[u] = kc0 + u < kc1 ? __ldg(kp + kc0 + u) : make_uint4(0, 0, 0, 0);
-			vpre[u] = vc0 + u < vc1 ? __ldg(vp + vc0 + u) : make_uint4(0, 0, 0, 0);
+			kpre[u] = !sg.k_vb && kc0 + u < kc1 ? __ldg(kp + kc0 + u) : make_uint4(0, 0, 0, 0);
+			vpre[u] = !sg.v_vb && vc0 + u < vc1 ? __ldg(vp + vc0 + u) : make_uint4(0, 0, 0, 0);
 		}
+		if (sg.k_vb)
+			ksf = qscale((const uint32_t *)kp);
+		if (sg.v_vb)
+			vsf = qscale((const uint32_t *)vp);
 	}
 	/* ---- K: partial dot over this lane's half of the stored values ---- */
 	float sc[NQ];
@@ -1256,7 +1324,7 @@ __device__ __forceinline__ void packed_sub(const struct gpu_seg &sg, uint32_t t0
 	if (valid && kc0 < kc1) {
 		ki.g = (int)sg.k_g;
 		ki.start((int)(kc0 * 8 / sg.k_g));
-		half_vector<NQ, true>(kp, kpre, kc0, kc1, sg.k_r, ki, qs, sc, NULL);
+		half_vector<NQ, true>(kp, kpre, kc0, kc1, sg.k_r, sg.k_vb, ksf, ki, qs, sc, NULL);
 	}
 #pragma unroll
 	for (int h = 0; h < NQ; h++) {
@@ -1296,7 +1364,8 @@ __device__ __forceinline__ void packed_sub(const struct gpu_seg &sg, uint32_t t0
 	if (valid && vc0 < vc1) {
 		vi.g = (int)sg.v_g;
 		vi.start((int)(vc0 * 8 / sg.v_g));
-		half_vector<NQ, false>(vp, vpre, vc0, vc1, sg.v_r, vi, qs, sc, vt + t * VT_STRIDE);
+		half_vector<NQ, false>(vp, vpre, vc0, vc1, sg.v_r, sg.v_vb, vsf, vi, qs, sc,
+				       vt + t * VT_STRIDE);
 	}
 	__syncwarp();
 	/* ---- acc[h][c] += Σ_t p[t][h] · V̂[t][c], lane owns c = lane + 32 k ---- */
@@ -1514,7 +1583,7 @@ __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *head
 	/* R_v arrives in shared memory while the blocks are attended */
 	cta_copy_async(sm.rv, sg.v_rot, sg.v_dk * D * 2);
 	/* q' of this segment, pre-scaled, [c][P] */
-	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * GPU_MAX_D * P;
+	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
 	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
 		sm.qs[i] = qr[i] * scale2;
 	__syncthreads();
@@ -1684,6 +1753,71 @@ __device__ __forceinline__ void scatter_half_g1(const uint4 *vp, const uint4 (&p
 	}
 }
 
+/*
+ * Quantized rows on the tensor cores: fields of groups [c0, c1) scattered
+ * as fp16 integers u − 2^(w−1) (exact: 0x6400 | u is 1024 + u in fp16, and
+ * one subtraction of 1024 + 2^(w−1) leaves the field); the row's scale is
+ * applied per token outside the products (to S for K, folded into P for
+ * V).  G1: g == 1 (branch-free iterator from the bitmap words in @it);
+ * else @it must be started at group c0's channel.
+ */
+template <bool G1>
+__device__ __forceinline__ void scatter_q(const uint32_t *row, uint32_t w, uint32_t c0,
+					  uint32_t c1, uint32_t r, bititer &it, __half *tile,
+					  uint32_t st_c)
+{
+	uint32_t mask = (1u << w) - 1u;
+	__half bias = __ushort_as_half((uint16_t)(0x6400u | (1u << (w - 1))));
+	bits128 b;
+	if (G1) {
+		b.init(it.w0, it.w1, it.w2, it.w3);
+		b.skip((int)(c0 * 8));
+	}
+	for (uint32_t ck = c0; ck < c1; ck++) {
+		uint64_t x = qgroup(row, w, ck);
+		if (ck * 8 + 8 <= r) {
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				uint32_t u = (uint32_t)(x >> (e * w)) & mask;
+				__half h = __hsub(__ushort_as_half((uint16_t)(0x6400u | u)), bias);
+				tile[(G1 ? b.next() : it.next()) * st_c] = h;
+			}
+		} else {
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				if (ck * 8 + e < r) {
+					uint32_t u = (uint32_t)(x >> (e * w)) & mask;
+					__half h = __hsub(__ushort_as_half((uint16_t)(0x6400u | u)), bias);
+					tile[(G1 ? b.next() : it.next()) * st_c] = h;
+				}
+		}
+	}
+}
+
+/* One half (K or V) of a lane's token into its tile: bf16 values or
+ * quantized fields, chunks/groups [c0, c1). */
+__device__ __forceinline__ void scatter_any(const uint4 *vp, const uint4 (&pre)[2], uint32_t c0,
+					    uint32_t c1, uint32_t r, uint32_t g, uint32_t vb,
+					    bititer &it, __half *tile, uint32_t st_c)
+{
+	bool g1 = g == 1 && (r & 7) == 0;
+	if (vb) {
+		if (g == 1) {
+			scatter_q<true>((const uint32_t *)vp, vb, c0, c1, r, it, tile, st_c);
+		} else {
+			it.g = (int)g;
+			it.start((int)(c0 * 8 / g));
+			scatter_q<false>((const uint32_t *)vp, vb, c0, c1, r, it, tile, st_c);
+		}
+	} else if (g1) {
+		scatter_half_g1(vp, pre, c0, c1, it, tile, st_c);
+	} else {
+		it.g = (int)g;
+		it.start((int)(c0 * 8 / g));
+		scatter_half(vp, pre, c0, c1, r, it, tile, st_c);
+	}
+}
+
 template <int NQ>
 struct tcstate {
 	float m, l;         /* head g = lane / 4 (rows >= NQ are padding) */
@@ -1699,22 +1833,27 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 	int g = lane >> 2, tig = lane & 3;
 	bool valid = t < nt;
 	uint32_t tok = t0 + t;
-	uint32_t knck = sg.k_rs >> 3, kc0 = half ? (knck + 1) >> 1 : 0;
+	uint32_t knck = (sg.k_r + 7) >> 3, kc0 = half ? (knck + 1) >> 1 : 0;
 	uint32_t kc1 = half ? knck : (knck + 1) >> 1;
-	uint32_t vnck = sg.v_rs >> 3, vc0 = half ? (vnck + 1) >> 1 : 0;
+	uint32_t vnck = (sg.v_r + 7) >> 3, vc0 = half ? (vnck + 1) >> 1 : 0;
 	uint32_t vc1 = half ? vnck : (vnck + 1) >> 1;
 	const uint4 *kp = (const uint4 *)(sg.k_val + (size_t)tok * sg.k_rs);
 	const uint4 *vp = (const uint4 *)(sg.v_val + (size_t)tok * sg.v_rs);
 	bititer ki, vi;
 	uint4 kpre[2], vpre[2];
+	float ksf = 0.0f, vsf = 0.0f; /* quantized rows: this lane's token's scales */
 	if (valid) {
 		load_bm(ki, sg.k_bm + (size_t)tok * sg.k_bw, sg.k_bw);
 		load_bm(vi, sg.v_bm + (size_t)tok * sg.v_bw, sg.v_bw);
 #pragma unroll
 		for (int u = 0; u < 2; u++) {
-			kpre[u] = kc0 + u < kc1 ? __ldg(kp + kc0 + u) : make_uint4(0, 0, 0, 0);
-			vpre[u] = vc0 + u < vc1 ? __ldg(vp + vc0 + u) : make_uint4(0, 0, 0, 0);
+			kpre[u] = !sg.k_vb && kc0 + u < kc1 ? __ldg(kp + kc0 + u) : make_uint4(0, 0, 0, 0);
+			vpre[u] = !sg.v_vb && vc0 + u < vc1 ? __ldg(vp + vc0 + u) : make_uint4(0, 0, 0, 0);
 		}
+		if (sg.k_vb)
+			ksf = qscale((const uint32_t *)kp);
+		if (sg.v_vb)
+			vsf = qscale((const uint32_t *)vp);
 	}
 	/* zero both tiles, then scatter the stored values */
 	{
@@ -1727,24 +1866,10 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 	}
 	__syncwarp();
 	if (valid) {
-		if (kc0 < kc1) {
-			if (sg.k_g == 1 && (sg.k_r & 7) == 0) {
-				scatter_half_g1(kp, kpre, kc0, kc1, ki, T.k + t * TK_LD, 1);
-			} else {
-				ki.g = (int)sg.k_g;
-				ki.start((int)(kc0 * 8 / sg.k_g));
-				scatter_half(kp, kpre, kc0, kc1, sg.k_r, ki, T.k + t * TK_LD, 1);
-			}
-		}
-		if (vc0 < vc1) {
-			if (sg.v_g == 1 && (sg.v_r & 7) == 0) {
-				scatter_half_g1(vp, vpre, vc0, vc1, vi, T.v + t, TV_LD);
-			} else {
-				vi.g = (int)sg.v_g;
-				vi.start((int)(vc0 * 8 / sg.v_g));
-				scatter_half(vp, vpre, vc0, vc1, sg.v_r, vi, T.v + t, TV_LD);
-			}
-		}
+		if (kc0 < kc1)
+			scatter_any(kp, kpre, kc0, kc1, sg.k_r, sg.k_g, sg.k_vb, ki, T.k + t * TK_LD, 1);
+		if (vc0 < vc1)
+			scatter_any(vp, vpre, vc0, vc1, sg.v_r, sg.v_g, sg.v_vb, vi, T.v + t, TV_LD);
 	}
 	__syncwarp();
 	/* S = Q' K̂ᵀ: two 8-token tiles */
@@ -1762,7 +1887,14 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 				mma16816_top(s[n][0], s[n][1], qa[ks][0], qa[ks][1], b0, b1);
 			}
 	}
-	/* lane holds head g, tokens 2tig, 2tig+1 (n = 0) and 8 + 2tig, 9 + 2tig */
+	/* lane holds head g, tokens 2tig, 2tig+1 (n = 0) and 8 + 2tig, 9 + 2tig;
+	 * token j's row was read by lanes 2j and 2j + 1 */
+	if (sg.k_vb) { /* integer keys: times each token's scale */
+		s[0][0] *= __shfl_sync(0xffffffffu, ksf, 4 * tig);
+		s[0][1] *= __shfl_sync(0xffffffffu, ksf, 4 * tig + 2);
+		s[1][0] *= __shfl_sync(0xffffffffu, ksf, 16 + 4 * tig);
+		s[1][1] *= __shfl_sync(0xffffffffu, ksf, 18 + 4 * tig);
+	}
 	float x0 = 2 * tig < nt ? s[0][0] : -INFINITY;
 	float x1 = 2 * tig + 1 < nt ? s[0][1] : -INFINITY;
 	float x2 = 8 + 2 * tig < nt ? s[1][0] : -INFINITY;
@@ -1775,10 +1907,37 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 	st.m = mn;
 	float p0 = exp2f(x0 - mn), p1 = exp2f(x1 - mn), p2 = exp2f(x2 - mn), p3 = exp2f(x3 - mn);
 	st.l = st.l * al + (p0 + p1 + p2 + p3);
-	uint32_t pa0 = h2pack(p0, p1), pa2 = h2pack(p2, p3);
-	/* O' = O' al + P V̂ */
 	uint32_t nnt = (sg.v_dk + 7) >> 3;
 	const __half *vrow = T.v + g * TV_LD + 2 * tig;
+	if (sg.v_vb) {
+		/*
+		 * Integer values: P' = p · s_t · 2^−E with 2^E the sub-block's
+		 * largest V scale rounded down to a power of two (P' < 2 in
+		 * fp16), then O' = O' al + 2^E (P' V̂).
+		 */
+		float vmax = warp_max(vsf);
+		uint32_t eb = __float_as_uint(vmax) & 0x7f800000u;
+		float inv = __uint_as_float(0x7f000000u - eb), back = __uint_as_float(eb);
+		float v0 = __shfl_sync(0xffffffffu, vsf, 4 * tig) * inv;
+		float v1 = __shfl_sync(0xffffffffu, vsf, 4 * tig + 2) * inv;
+		float v2 = __shfl_sync(0xffffffffu, vsf, 16 + 4 * tig) * inv;
+		float v3 = __shfl_sync(0xffffffffu, vsf, 18 + 4 * tig) * inv;
+		uint32_t pa0 = h2pack(p0 * v0, p1 * v1), pa2 = h2pack(p2 * v2, p3 * v3);
+#pragma unroll
+		for (int n = 0; n < 16; n++)
+			if ((uint32_t)n < nnt) {
+				float y0 = 0.0f, y1 = 0.0f;
+				uint32_t b0 = *(const uint32_t *)(vrow + n * 8 * TV_LD);
+				uint32_t b1 = *(const uint32_t *)(vrow + n * 8 * TV_LD + 8);
+				mma16816_top(y0, y1, pa0, pa2, b0, b1);
+				st.acc[n][0] = fmaf(st.acc[n][0], al, back * y0);
+				st.acc[n][1] = fmaf(st.acc[n][1], al, back * y1);
+			}
+		__syncwarp();
+		return;
+	}
+	uint32_t pa0 = h2pack(p0, p1), pa2 = h2pack(p2, p3);
+	/* O' = O' al + P V̂ */
 #pragma unroll
 	for (int n = 0; n < 16; n++)
 		if ((uint32_t)n < nnt) {
@@ -1815,7 +1974,7 @@ __global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head
 		return;
 	const struct gpu_seg sg = *sgp;
 	prefetch_l2(sg.v_rot, sg.v_dk * D * 2); /* for the rotation back */
-	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * GPU_MAX_D * P;
+	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
 	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
 		sm.qs[i] = qr[i] * scale2;
 	__syncthreads();

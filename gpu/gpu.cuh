@@ -15,14 +15,27 @@
  * two mkv_packed_view (gpu_seg_upload) or built on the device.  Differences
  * from the host's packed view, all to keep every load 16 bytes wide and
  * aligned:
- *   - values: vector i at val + i * rs, rs = r rounded up to 8 (padding
- *     slots hold zero and are never read as data); block j's vectors are
- *     contiguous (b * rs bf16, a multiple of 16 bytes);
+ *   - values: vector i's row at val + i * rs (rs in 16-bit units, a
+ *     multiple of 8: every row starts 16-byte aligned); block j's rows
+ *     are contiguous.  A row holds what the host row holds, zero padded:
+ *       vb == 0: r bf16 values, rs = r rounded up to 8;
+ *       vb == w (4..8): the host's quantized row byte for byte (bf16
+ *       scale, then r fields of w bits LSB-first from bit 16), rs =
+ *       row_bytes rounded up to 16 bytes (r = 40, w = 6: 32 bytes a row,
+ *       against 80 in bf16).  The kernels decode fields in registers;
+ *       rows stay quantized in HBM.  The values array is followed by at
+ *       least 16 bytes of slack (a field group's 32-bit loads may reach
+ *       past the last row);
  *   - bitmaps: vector i at bm + i * bw 32-bit little-endian words,
  *     bw = ceil(bitmap_bytes / 4) (bit j of the host's byte stream is bit
  *     j % 32 of word j / 32; padding bits zero);
- *   - rotation (dk × d), summaries (n_blocks × S) exactly as on the host;
+ *   - rotation (dk × d), summaries (n_blocks × S) and remainder bounds
+ *     (s_rest, n_blocks) exactly as on the host (s_rest zero, or NULL in
+ *     a hand-built segment, where the host view has none);
  *   - storage is bf16 only (uint16_t here).
+ * A block's score is Σ_{c<S} max(q'_c min_c, q'_c max_c) + qperp · rest,
+ * qperp = sqrt(max(0, |q|² − |q'_{0..S-1}|²)) per query head, max over the
+ * group's heads (mkv_score_blocks).
  * Queries, outputs and scores are fp32.  Scores and softmax states use the
  * CPU reference's arithmetic order where it is cheap (block scores are
  * bitwise equal given equal rotated queries).
@@ -52,14 +65,16 @@ extern "C" {
 
 /* One segment on the device (K and V of the same tokens). */
 struct gpu_seg {
-	const uint16_t *k_val, *v_val;  /* bf16, n × rs */
+	const uint16_t *k_val, *v_val;  /* rows of rs 16-bit units, n rows */
 	const uint32_t *k_bm, *v_bm;    /* n × bw words */
 	const uint16_t *k_rot, *v_rot;  /* bf16, dk × d */
 	const uint16_t *s_min, *s_max;  /* bf16, n_blocks × S (keys) */
+	const uint16_t *s_rest;         /* bf16, n_blocks (keys); may be NULL */
 	uint32_t n, b, n_blocks, S;
 	uint32_t k_dk, k_r, k_g, k_rs, k_bw;
 	uint32_t v_dk, v_r, v_g, v_rs, v_bw;
 	uint32_t block0; /* its first block's index among the head's blocks */
+	uint32_t k_vb, v_vb; /* value bits of each half: 0 (bf16) or 4..8 */
 	uint32_t pad_;
 };
 
@@ -188,7 +203,10 @@ GPU_HIDDEN size_t gpu_seg_cap_bytes(const struct mkv_packed_view *k,
 /*
  * Write into host memory @img (gpu_seg_cap_bytes bytes; may be NULL: only
  * describe) the device image of the pair: tokens [0, n) packed, summaries
- * of their blocks, both rotations, zeros elsewhere.  *@out describes the
+ * and remainder bounds of their blocks (zero where the view has no
+ * sum_rest), both rotations, zeros elsewhere.  -EINVAL also for
+ * value_bits other than 0 or 4..8, or a row_bytes that does not match
+ * them (0 is accepted for bf16 rows).  *@out describes the
  * arrays as they will be once the image is copied to device address @dev
  * (256-byte aligned); out->n = n.  Host only: no CUDA call.  Returns 0 or
  * -EINVAL.
@@ -206,8 +224,10 @@ GPU_HIDDEN int gpu_seg_image(const struct mkv_packed_view *k,
  * its rotation, r, g, b, S are the current segment's.  Each new K and V
  * vector is rotated (x' = R x), keeps its top-r rotated elements (groups of
  * g by energy, ties to the lower index, as mkv_segment_encode), is packed
- * at index n, and the block summaries of the keys are extended (outward
- * rounded, merged into a partly filled block).  n and n_blocks advance on
+ * at index n (bf16 or quantized, by the buffer's k_vb / v_vb), and the
+ * block summaries and remainder bounds of the keys are extended (outward
+ * rounded, merged into a partly filled block; the remainder only where
+ * s_rest is not NULL).  n and n_blocks advance on
  * the device, so attention launched after it on the same stream covers
  * the new tokens with no gap and a captured graph stays valid.  Tokens past
  * cap are dropped and *overflow (device, may be NULL) is set to 1.
@@ -245,12 +265,15 @@ GPU_HIDDEN int gpu_encode_eig(struct gpu_encoder *e, float *cov, uint32_t nmat, 
 /*
  * Pack: matrices 2i (keys) and 2i+1 (values) of x become segment pair i,
  * rotated by the first d_keep rows of R[m] (rounded to bf16), per-vector
- * top-r in groups of g, block summaries over the first S channels.  The
- * arrays live in @dev (gpu_encode_pack_bytes); segs receives nmat/2 host
- * descriptors with device pointers.
+ * top-r in groups of g, rows in bf16 or quantized to value_bits (4..8; the
+ * same for K and V), block summaries over the first S channels and the
+ * keys' remainder bounds.  The arrays live in @dev
+ * (gpu_encode_pack_bytes); segs receives nmat/2 host descriptors with
+ * device pointers.
  */
 struct gpu_encode_args {
 	uint32_t nmat, n, d, r, g, b, S, drop;
+	uint32_t value_bits; /* 0: bf16 rows; 4..8: quantized rows */
 	const uint16_t *x;  /* device, nmat × n × d bf16 */
 	const float *R;     /* device, nmat × d × d */
 	void *dev;

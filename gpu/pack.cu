@@ -15,13 +15,127 @@
 struct pack_job {
 	const uint16_t *x; /* ntok × d bf16 */
 	const uint16_t *R; /* dk × d bf16 */
-	uint16_t *val;     /* segment values (token 0) */
+	uint16_t *val;     /* segment values (token 0): rows of rs 16-bit units */
 	uint32_t *bm;      /* segment bitmaps (token 0) */
 	uint16_t *smin, *smax; /* NULL for values */
+	uint16_t *srest;   /* block remainder bounds (keys; NULL for values) */
+	float *rest;       /* per token of the run: its remainder norm (keys) */
 	float *xs;         /* exact rotated keys: row t at xs + t * xs_ld */
 	const float *xr;   /* prefill: rotated vectors, ntok × dk (k_pack_rot) */
 	uint32_t tok0, ntok, dk, r, g, rs, bw, S, b, xs_ld;
+	uint32_t d, vb;    /* head dim; value bits (0: bf16 rows) */
 };
+
+/*
+ * The remainder norm of a key (segment.c rest_norm): sqrt(max(0, |x|² −
+ * |x'_{0..S-1}|²)) from this lane's channels j = lane + 32 k of x (@xo, d
+ * of them) and of x' (@xr, c < S).  Warp sums, so the last bits may differ
+ * from the CPU's sequential sums; the bound is rounded up to bf16 after.
+ */
+__device__ __forceinline__ float rest_norm(const float (&xo)[4], const float (&xr)[4],
+					   uint32_t d, uint32_t S, int lane)
+{
+	float nx = 0.0f, ns = 0.0f;
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		if (c < d)
+			nx = fmaf(xo[k], xo[k], nx);
+		if (c < S)
+			ns = fmaf(xr[k], xr[k], ns);
+	}
+	nx = warp_sum(nx);
+	ns = warp_sum(ns);
+	return sqrtf(fmaxf(0.0f, nx - ns));
+}
+
+/*
+ * Write token @tok's bitmap and packed row: @sel marks the kept groups,
+ * xr[k] is rotated channel lane + 32 k.  Rows are bf16 values (vb == 0)
+ * or segment.c's quantized row (quantize_row): scale s = the kept values'
+ * largest magnitude / (2^(w-1) - 1) rounded up to bf16, fields
+ * u = 2^(w-1) + clamp(rint(x / s)), LSB-first from bit 16; the whole
+ * device row (rs units) is written, padding zero.  @qsh: this warp's
+ * GPU_MAX_D bytes of shared scratch.
+ */
+__device__ __forceinline__ void pack_out(const struct pack_job &J, size_t tok, const uint8_t *sel,
+					 const float (&xr)[4], int lane, uint8_t *qsh)
+{
+	uint32_t dk = J.dk, g = J.g, ng = dk / g;
+	uint32_t W[4];
+#pragma unroll
+	for (int wd = 0; wd < 4; wd++) {
+		uint32_t j = 32 * wd + lane;
+		W[wd] = __ballot_sync(0xffffffffu, j < ng && sel[j]);
+	}
+	if (lane < (int)J.bw)
+		J.bm[tok * J.bw + lane] = lane == 0 ? W[0] : lane == 1 ? W[1] : lane == 2 ? W[2] : W[3];
+	int kidx[4]; /* index among the stored values, -1: not stored */
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		kidx[k] = -1;
+		if (c < dk) {
+			uint32_t j = c / g;
+			if (sel[j]) {
+				uint32_t pos = 0, wj = j >> 5;
+#pragma unroll
+				for (int wd = 0; wd < 4; wd++)
+					if ((uint32_t)wd < wj)
+						pos += __popc(W[wd]);
+				uint32_t ww = wj == 0 ? W[0] : wj == 1 ? W[1] : wj == 2 ? W[2] : W[3];
+				pos += __popc(ww & ((1u << (j & 31)) - 1u));
+				kidx[k] = (int)(pos * g + c % g);
+			}
+		}
+	}
+	if (!J.vb) {
+		uint16_t *out = J.val + tok * J.rs;
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			if (kidx[k] >= 0)
+				out[kidx[k]] = f2bf_rn(xr[k]);
+		for (uint32_t sl = J.r + lane; sl < J.rs; sl += 32)
+			out[sl] = 0;
+		return;
+	}
+	uint32_t w = J.vb, half = 1u << (w - 1);
+	int qmax = (int)half - 1;
+	float amax = 0.0f;
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		if (kidx[k] >= 0)
+			amax = fmaxf(amax, fabsf(xr[k]));
+	amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(amax)));
+	uint16_t sb = amax > 0.0f ? f2bf_up(__fdiv_rn(amax, (float)qmax)) : 0;
+	float sf = bf1(sb);
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		if (kidx[k] >= 0) {
+			int q = 0;
+			if (sf > 0.0f) {
+				float t = rintf(__fdiv_rn(xr[k], sf));
+				q = t > (float)qmax ? qmax : t < (float)-qmax ? -qmax : (int)t;
+			}
+			qsh[kidx[k]] = (uint8_t)(q + (int)half);
+		}
+	__syncwarp();
+	/* word wd holds row bits [32 wd, 32 wd + 32): field k at 16 + k w */
+	uint32_t *out = (uint32_t *)(J.val + tok * J.rs);
+	for (uint32_t wd = lane; wd < J.rs / 2; wd += 32) {
+		uint32_t v = wd == 0 ? sb : 0u;
+		int b0 = 32 * (int)wd - 16;
+		int k0 = b0 < 0 ? 0 : b0 / (int)w;
+		int k1 = min((int)J.r, (b0 + 31) / (int)w + 1);
+		for (int k = k0; k < k1; k++) {
+			int fb = 16 + k * (int)w - 32 * (int)wd;
+			uint32_t u = qsh[k];
+			v |= fb >= 0 ? u << fb : u >> -fb;
+		}
+		out[wd] = v;
+	}
+	__syncwarp();
+}
 
 /* One warp per token.  Matches encode_select/pack_vector of segment.c. */
 __global__ void __launch_bounds__(128) k_pack(const struct pack_job *jobs, uint32_t d)
@@ -29,6 +143,7 @@ __global__ void __launch_bounds__(128) k_pack(const struct pack_job *jobs, uint3
 	__shared__ __align__(16) float xsh[4][GPU_MAX_D];
 	__shared__ float esh[4][GPU_MAX_D];
 	__shared__ uint8_t selsh[4][GPU_MAX_D];
+	__shared__ uint8_t qsh[4][GPU_MAX_D];
 	const struct pack_job &J = jobs[blockIdx.y];
 	int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	uint32_t t = blockIdx.x * 4 + w;
@@ -80,37 +195,22 @@ __global__ void __launch_bounds__(128) k_pack(const struct pack_job *jobs, uint3
 		selsh[w][j] = rank < kg;
 	}
 	__syncwarp();
-	uint32_t W[4];
-#pragma unroll
-	for (int wd = 0; wd < 4; wd++) {
-		uint32_t j = 32 * wd + lane;
-		W[wd] = __ballot_sync(0xffffffffu, j < ng && selsh[w][j]);
-	}
-	size_t tok = (size_t)J.tok0 + t;
-	if (lane < (int)J.bw)
-		J.bm[tok * J.bw + lane] = lane == 0 ? W[0] : lane == 1 ? W[1] : lane == 2 ? W[2] : W[3];
-	uint16_t *out = J.val + tok * J.rs;
+	pack_out(J, (size_t)J.tok0 + t, selsh[w], xr, lane, qsh[w]);
 #pragma unroll
 	for (int k = 0; k < 4; k++) {
 		uint32_t c = lane + 32 * k;
-		if (c < dk) {
-			uint32_t j = c / g;
-			if (selsh[w][j]) {
-				uint32_t pos = 0, wj = j >> 5;
-#pragma unroll
-				for (int wd = 0; wd < 4; wd++)
-					if ((uint32_t)wd < wj)
-						pos += __popc(W[wd]);
-				uint32_t ww = wj == 0 ? W[0] : wj == 1 ? W[1] : wj == 2 ? W[2] : W[3];
-				pos += __popc(ww & ((1u << (j & 31)) - 1u));
-				out[pos * g + c % g] = f2bf_rn(xr[k]);
-			}
-			if (J.xs && c < J.S)
-				J.xs[(size_t)t * J.xs_ld + c] = xr[k];
-		}
+		if (J.xs && c < dk && c < J.S)
+			J.xs[(size_t)t * J.xs_ld + c] = xr[k];
 	}
-	for (uint32_t sl = J.r + lane; sl < J.rs; sl += 32)
-		out[sl] = 0;
+	if (J.rest) {
+		float xo[4];
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			xo[k] = lane + 32 * k < d ? xsh[w][lane + 32 * k] : 0.0f;
+		float rn = rest_norm(xo, xr, d, J.S, lane);
+		if (lane == 0)
+			J.rest[t] = rn;
+	}
 }
 
 /* Block summaries of the keys just packed: thread per (block, channel). */
@@ -125,6 +225,15 @@ __global__ void k_summ(const struct pack_job *jobs)
 		return;
 	uint32_t t0 = max(J.tok0, blk * b), t1 = min(J.tok0 + J.ntok, (blk + 1) * b);
 	bool merge = blk * b < J.tok0; /* the block already holds tokens */
+	if (J.srest && threadIdx.x == blockDim.x - 1) { /* the remainder bound */
+		float m = 0.0f;
+		for (uint32_t t = t0; t < t1; t++)
+			m = fmaxf(m, J.rest[t - J.tok0]);
+		uint16_t z = f2bf_up(m);
+		if (merge && bf1(J.srest[blk]) > bf1(z))
+			z = J.srest[blk];
+		J.srest[blk] = z;
+	}
 	for (uint32_t c = threadIdx.x; c < J.S; c += blockDim.x) {
 		float mn = INFINITY, mx = -INFINITY;
 		for (uint32_t t = t0; t < t1; t++) {
@@ -154,12 +263,13 @@ __global__ void k_summ(const struct pack_job *jobs)
 __global__ void __launch_bounds__(128) k_pack_rot(const struct pack_job *jobs)
 {
 	__shared__ uint8_t selsh[4][GPU_MAX_D];
+	__shared__ uint8_t qsh[4][GPU_MAX_D];
 	const struct pack_job &J = jobs[blockIdx.y];
 	int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	uint32_t t = blockIdx.x * 4 + w;
 	if (t >= J.ntok)
 		return; /* warp-uniform */
-	uint32_t dk = J.dk, g = J.g, ng = dk / g, kg = J.r / g;
+	uint32_t dk = J.dk, g = J.g, kg = J.r / g;
 	const float *row = J.xr + (size_t)t * dk;
 	float xr[4];
 	uint32_t eb[4];
@@ -226,41 +336,23 @@ __global__ void __launch_bounds__(128) k_pack_rot(const struct pack_job *jobs)
 		}
 	}
 	__syncwarp();
-	uint32_t W[4];
+	pack_out(J, (size_t)J.tok0 + t, selsh[w], xr, lane, qsh[w]);
+	if (J.rest) {
+		float xo[4];
+		const uint16_t *x = J.x + (size_t)t * J.d;
 #pragma unroll
-	for (int wd = 0; wd < 4; wd++) {
-		uint32_t j = 32 * wd + lane;
-		W[wd] = __ballot_sync(0xffffffffu, j < ng && selsh[w][j]);
+		for (int k = 0; k < 4; k++)
+			xo[k] = lane + 32 * k < J.d ? bf1(x[lane + 32 * k]) : 0.0f;
+		float rn = rest_norm(xo, xr, J.d, J.S, lane);
+		if (lane == 0)
+			J.rest[t] = rn;
 	}
-	size_t tok = (size_t)J.tok0 + t;
-	if (lane < (int)J.bw)
-		J.bm[tok * J.bw + lane] = lane == 0 ? W[0] : lane == 1 ? W[1] : lane == 2 ? W[2] : W[3];
-	uint16_t *out = J.val + tok * J.rs;
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		uint32_t c = lane + 32 * k;
-		if (c < dk) {
-			uint32_t j = c / g;
-			if (selsh[w][j]) {
-				uint32_t pos = 0, wj = j >> 5;
-#pragma unroll
-				for (int wd = 0; wd < 4; wd++)
-					if ((uint32_t)wd < wj)
-						pos += __popc(W[wd]);
-				uint32_t ww = wj == 0 ? W[0] : wj == 1 ? W[1] : wj == 2 ? W[2] : W[3];
-				pos += __popc(ww & ((1u << (j & 31)) - 1u));
-				out[pos * g + c % g] = f2bf_rn(xr[k]);
-			}
-		}
-	}
-	for (uint32_t sl = J.r + lane; sl < J.rs; sl += 32)
-		out[sl] = 0;
 }
 
 /* Append: thread per buffer builds its two jobs and advances n. */
 __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32_t n_buf,
 			       uint32_t n_new, uint32_t d, const uint16_t *kn, const uint16_t *vn,
-			       struct pack_job *jobs, float *xs, uint32_t *overflow)
+			       struct pack_job *jobs, float *xs, float *rest, uint32_t *overflow)
 {
 	uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= n_buf)
@@ -279,6 +371,8 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	k.bm = (uint32_t *)B.k_bm;
 	k.smin = (uint16_t *)B.s_min;
 	k.smax = (uint16_t *)B.s_max;
+	k.srest = (uint16_t *)B.s_rest;
+	k.rest = B.s_rest ? rest + (size_t)i * n_new : NULL;
 	k.xs = xs + (size_t)i * n_new * GPU_MAX_D;
 	k.tok0 = n;
 	k.ntok = cnt;
@@ -291,12 +385,17 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	k.b = B.b;
 	k.xs_ld = B.S;
 	k.xr = NULL;
+	k.d = d;
+	k.vb = B.k_vb;
 	v = k;
 	v.x = vn + (size_t)i * n_new * d;
 	v.R = B.v_rot;
 	v.val = (uint16_t *)B.v_val;
 	v.bm = (uint32_t *)B.v_bm;
 	v.smin = v.smax = NULL;
+	v.srest = NULL;
+	v.rest = NULL;
+	v.vb = B.v_vb;
 	v.xs = NULL;
 	v.dk = B.v_dk;
 	v.r = B.v_r;
@@ -310,10 +409,12 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	B.n_blocks = (n + cnt + B.b - 1) / B.b;
 }
 
+/* Scratch: the jobs, the new keys' first S rotated channels, their
+ * remainder norms. */
 size_t gpu_append_ws_bytes(uint32_t n_buf, uint32_t n_new)
 {
 	size_t jobs = ((size_t)2 * n_buf * sizeof(struct pack_job) + 255) & ~(size_t)255;
-	return jobs + (size_t)n_buf * n_new * GPU_MAX_D * sizeof(float);
+	return jobs + (size_t)n_buf * n_new * (GPU_MAX_D + 1) * sizeof(float);
 }
 
 int gpu_append(const struct gpu_append_args *a, cudaStream_t s)
@@ -325,9 +426,10 @@ int gpu_append(const struct gpu_append_args *a, cudaStream_t s)
 	struct pack_job *jobs = (struct pack_job *)a->ws;
 	size_t joff = ((size_t)2 * a->n_buf * sizeof(struct pack_job) + 255) & ~(size_t)255;
 	float *xs = (float *)((char *)a->ws + joff);
+	float *rest = xs + (size_t)a->n_buf * a->n_new * GPU_MAX_D;
 	k_append_setup<<<(a->n_buf + 127) / 128, 128, 0, s>>>(a->bufs, a->cap, a->n_buf, a->n_new,
 								a->d, a->k_new, a->v_new, jobs, xs,
-								a->overflow);
+								rest, a->overflow);
 	GPU_CKL();
 	k_pack<<<dim3((a->n_new + 3) / 4, 2 * a->n_buf), 128, 0, s>>>(jobs, a->d);
 	GPU_CKL();
@@ -357,6 +459,8 @@ struct gpu_encoder {
 	uint16_t *rot; /* nmat × d × d bf16 staging of the rounded rotations */
 	float *xr;     /* rotated vectors, nmat × n × d_keep */
 	size_t xr_bytes;
+	float *rest;   /* keys' remainder norms, nmat / 2 × n */
+	size_t rest_bytes;
 };
 
 int gpu_encoder_create(uint32_t d, uint32_t nmat, struct gpu_encoder **out)
@@ -440,6 +544,7 @@ void gpu_encoder_destroy(struct gpu_encoder *e)
 	cudaFree(e->jobs);
 	cudaFree(e->rot);
 	cudaFree(e->xr);
+	cudaFree(e->rest);
 	free(e);
 }
 
@@ -511,7 +616,7 @@ __global__ void k_rot_bf16(const float *R, uint16_t *rot, uint16_t *stage, uint3
 }
 
 struct enc_plan {
-	size_t k_val, k_bm, k_rot, s_min, s_max, v_val, v_bm, v_rot, per_pair;
+	size_t k_val, k_bm, k_rot, s_min, s_max, s_rest, v_val, v_bm, v_rot, per_pair;
 	uint32_t dk, rs, bw, nb;
 };
 
@@ -521,21 +626,28 @@ static int enc_plan_of(const struct gpu_encode_args *a, struct enc_plan *p)
 {
 	if (!a || a->nmat == 0 || a->nmat % 2 || a->n == 0 || a->n > MKV_MAX_N ||
 	    !(a->d == 64 || a->d == 128) || !(a->g == 1 || a->g == 2 || a->g == 4 || a->g == 8) ||
-	    !(a->b == 8 || a->b == 16 || a->b == 32 || a->b == 64) || a->drop > 1)
+	    !(a->b == 8 || a->b == 16 || a->b == 32 || a->b == 64) || a->drop > 1 ||
+	    (a->value_bits && (a->value_bits < 4 || a->value_bits > 8)))
 		return -EINVAL;
 	p->dk = a->drop ? a->d - a->d / 4 : a->d;
 	if (a->r == 0 || a->r > p->dk || a->r % a->g || a->S == 0 || a->S > p->dk)
 		return -EINVAL;
-	p->rs = (a->r + 7) & ~7u;
+	if (a->value_bits) { /* the host row rounded up to 16 bytes (gpu.cuh) */
+		uint32_t rb = 2 + (a->r * a->value_bits + 7) / 8;
+		p->rs = ((rb + (rb & 1) + 15) & ~15u) / 2;
+	} else {
+		p->rs = (a->r + 7) & ~7u;
+	}
 	p->bw = (p->dk / a->g + 31) / 32;
 	p->nb = (a->n + a->b - 1) / a->b;
 	size_t n = a->n, off = 0;
-	p->k_val = off; off += al(n * p->rs * 2);
+	p->k_val = off; off += al(n * p->rs * 2 + 16);
 	p->k_bm = off; off += al(n * p->bw * 4);
 	p->k_rot = off; off += al((size_t)p->dk * a->d * 2);
 	p->s_min = off; off += al((size_t)p->nb * a->S * 2);
 	p->s_max = off; off += al((size_t)p->nb * a->S * 2);
-	p->v_val = off; off += al(n * p->rs * 2);
+	p->s_rest = off; off += al((size_t)p->nb * 2);
+	p->v_val = off; off += al(n * p->rs * 2 + 16);
 	p->v_bm = off; off += al(n * p->bw * 4);
 	p->v_rot = off; off += al((size_t)p->dk * a->d * 2);
 	p->per_pair = off;
@@ -563,6 +675,14 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		GPU_CK(cudaMalloc(&e->xr, need));
 		e->xr_bytes = need;
 	}
+	need = (size_t)(a->nmat / 2) * a->n * sizeof(float);
+	if (need > e->rest_bytes) {
+		cudaFree(e->rest);
+		e->rest = NULL;
+		e->rest_bytes = 0;
+		GPU_CK(cudaMalloc(&e->rest, need));
+		e->rest_bytes = need;
+	}
 	struct pack_job *hj = (struct pack_job *)calloc(a->nmat, sizeof *hj);
 	if (!hj)
 		return -ENOMEM;
@@ -586,6 +706,10 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		j->bm = (uint32_t *)(base + (key ? p.k_bm : p.v_bm));
 		j->smin = key ? (uint16_t *)(base + p.s_min) : NULL;
 		j->smax = key ? (uint16_t *)(base + p.s_max) : NULL;
+		j->srest = key ? (uint16_t *)(base + p.s_rest) : NULL;
+		j->rest = key ? e->rest + (size_t)(m / 2) * a->n : NULL;
+		j->d = d;
+		j->vb = a->value_bits;
 		j->xs = key ? xr : NULL; /* summaries straight from x' */
 		j->xs_ld = dk;
 		j->tok0 = 0;
@@ -605,6 +729,8 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 			sg->k_rot = rot;
 			sg->s_min = j->smin;
 			sg->s_max = j->smax;
+			sg->s_rest = j->srest;
+			sg->k_vb = sg->v_vb = a->value_bits;
 			sg->v_val = (const uint16_t *)(base + p.v_val);
 			sg->v_bm = (const uint32_t *)(base + p.v_bm);
 			sg->v_rot = (const uint16_t *)(base + p.v_rot);

@@ -13,11 +13,33 @@
 #include "common.cuh"
 
 struct cap_plan {
-	size_t k_val, k_bm, k_rot, s_min, s_max, v_val, v_bm, v_rot, total;
+	size_t k_val, k_bm, k_rot, s_min, s_max, s_rest, v_val, v_bm, v_rot, total;
 	uint32_t k_rs, k_bw, v_rs, v_bw, cap_blocks;
+	uint32_t k_rb, v_rb; /* host row bytes */
 };
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Host row bytes of a bf16 view (0: not a layout the kernels read).  The
+ * view's row_bytes may be 0 in a view filled by an older caller: then the
+ * rows are r bf16 values. */
+static uint32_t host_row_bytes(const struct mkv_packed_view *x)
+{
+	uint32_t w = x->value_bits, rb;
+	if (w == 0)
+		rb = x->r * 2;
+	else if (w >= 4 && w <= 8)
+		rb = 2 + (x->r * w + 7) / 8, rb += rb & 1;
+	else
+		return 0;
+	return x->row_bytes == 0 && w == 0 ? rb : x->row_bytes == rb ? rb : 0;
+}
+
+/* Device row stride in 16-bit units: the row rounded up to 16 bytes. */
+static uint32_t dev_row_stride(const struct mkv_packed_view *x, uint32_t rb)
+{
+	return x->value_bits ? ((rb + 15) & ~15u) / 2 : (x->r + 7) & ~7u;
+}
 
 static int cap_plan(const struct mkv_packed_view *k, const struct mkv_packed_view *v,
 		    uint32_t cap, struct cap_plan *p)
@@ -30,14 +52,18 @@ static int cap_plan(const struct mkv_packed_view *k, const struct mkv_packed_vie
 	    k->n > cap || !k->rotation || !v->rotation)
 		return -EINVAL;
 	memset(p, 0, sizeof *p);
-	p->k_rs = (k->r + 7) & ~7u;
-	p->v_rs = (v->r + 7) & ~7u;
+	p->k_rb = host_row_bytes(k);
+	p->v_rb = host_row_bytes(v);
+	if (!p->k_rb || !p->v_rb)
+		return -EINVAL;
+	p->k_rs = dev_row_stride(k, p->k_rb);
+	p->v_rs = dev_row_stride(v, p->v_rb);
 	p->k_bw = (k->bitmap_bytes + 3) / 4;
 	p->v_bw = (v->bitmap_bytes + 3) / 4;
 	p->cap_blocks = (cap + k->b - 1) / k->b;
 	size_t n = cap, off = 0, S = k->summary_channels;
 	p->k_val = off;
-	off += al256(n * p->k_rs * 2);
+	off += al256(n * p->k_rs * 2 + 16); /* + slack: see gpu.cuh */
 	p->k_bm = off;
 	off += al256(n * p->k_bw * 4);
 	p->k_rot = off;
@@ -46,8 +72,10 @@ static int cap_plan(const struct mkv_packed_view *k, const struct mkv_packed_vie
 	off += al256((size_t)p->cap_blocks * S * 2);
 	p->s_max = off;
 	off += al256((size_t)p->cap_blocks * S * 2);
+	p->s_rest = off;
+	off += al256((size_t)p->cap_blocks * 2);
 	p->v_val = off;
-	off += al256(n * p->v_rs * 2);
+	off += al256(n * p->v_rs * 2 + 16);
 	p->v_bm = off;
 	off += al256(n * p->v_bw * 4);
 	p->v_rot = off;
@@ -63,17 +91,17 @@ size_t gpu_seg_cap_bytes(const struct mkv_packed_view *k, const struct mkv_packe
 	return cap_plan(k, v, cap, &p) ? 0 : p.total;
 }
 
-/* Values of n vectors at stride r into stride rs (zero padding: the
- * image is zeroed first). */
-static void img_vals(char *dst, const struct mkv_packed_view *x, uint32_t rs)
+/* Rows of n vectors, rb host bytes each, into a stride of rs 16-bit units
+ * (zero padding: the image is zeroed first). */
+static void img_vals(char *dst, const struct mkv_packed_view *x, uint32_t rb, uint32_t rs)
 {
-	const uint16_t *src = (const uint16_t *)x->values;
-	if (rs == x->r) {
-		memcpy(dst, src, (size_t)x->n * x->r * 2);
+	const char *src = (const char *)x->values;
+	if (rs * 2 == rb) {
+		memcpy(dst, src, (size_t)x->n * rb);
 		return;
 	}
 	for (size_t i = 0; i < x->n; i++)
-		memcpy(dst + i * rs * 2, src + i * x->r, (size_t)x->r * 2);
+		memcpy(dst + i * rs * 2, src + i * rb, rb);
 }
 
 static void img_bms(char *dst, const struct mkv_packed_view *x, uint32_t bw)
@@ -100,11 +128,13 @@ int gpu_seg_image(const struct mkv_packed_view *k, const struct mkv_packed_view 
 		memset(h, 0, p.total);
 		size_t S = k->summary_channels;
 		if (k->n) {
-			img_vals(h + p.k_val, k, p.k_rs);
+			img_vals(h + p.k_val, k, p.k_rb, p.k_rs);
 			img_bms(h + p.k_bm, k, p.k_bw);
 			memcpy(h + p.s_min, k->sum_min, (size_t)k->n_blocks * S * 2);
 			memcpy(h + p.s_max, k->sum_max, (size_t)k->n_blocks * S * 2);
-			img_vals(h + p.v_val, v, p.v_rs);
+			if (k->sum_rest) /* else zero: no remainder term */
+				memcpy(h + p.s_rest, k->sum_rest, (size_t)k->n_blocks * 2);
+			img_vals(h + p.v_val, v, p.v_rb, p.v_rs);
 			img_bms(h + p.v_bm, v, p.v_bw);
 		}
 		memcpy(h + p.k_rot, k->rotation, (size_t)k->d_keep * k->d * 2);
@@ -117,6 +147,7 @@ int gpu_seg_image(const struct mkv_packed_view *k, const struct mkv_packed_view 
 	out->k_rot = (const uint16_t *)(d + p.k_rot);
 	out->s_min = (const uint16_t *)(d + p.s_min);
 	out->s_max = (const uint16_t *)(d + p.s_max);
+	out->s_rest = (const uint16_t *)(d + p.s_rest);
 	out->v_val = (const uint16_t *)(d + p.v_val);
 	out->v_bm = (const uint32_t *)(d + p.v_bm);
 	out->v_rot = (const uint16_t *)(d + p.v_rot);
@@ -135,5 +166,7 @@ int gpu_seg_image(const struct mkv_packed_view *k, const struct mkv_packed_view 
 	out->v_rs = p.v_rs;
 	out->v_bw = p.v_bw;
 	out->block0 = 0;
+	out->k_vb = k->value_bits;
+	out->v_vb = v->value_bits;
 	return 0;
 }

@@ -137,9 +137,10 @@ static void upload_heads(struct run *r, struct gu_ctx *c)
 	r->dheads = gu_upload(hh, sizeof(struct gpu_head) * r->H);
 }
 
-/* PackedAttention at one configuration against mkv_attend_packed. */
-static void check_packed(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, uint32_t b,
-			 double frac, uint32_t win)
+/* PackedAttention at one configuration against mkv_attend_packed: r
+ * values per vector (0: d / 4), rows quantized to vb bits (0: bf16). */
+static void check_packed_rq(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, uint32_t b,
+			    double frac, uint32_t win, uint32_t rr, uint32_t vb)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
@@ -147,7 +148,8 @@ static void check_packed(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, uin
 	gu_rng_init(&rng, seed);
 	uint32_t H = 3, nseg = 4, maxb;
 	struct mkv_encode_opts eo;
-	enc_opts(&eo, d, d / 4, g, b, drop);
+	enc_opts(&eo, d, rr ? rr : d / 4, g, b, drop);
+	eo.value_bits = vb;
 	struct gu_ctx c[MAXH];
 	build_ctxs(c, H, &rng, d, nseg, 700, win, &eo, &maxb);
 	struct run r;
@@ -168,13 +170,21 @@ static void check_packed(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, uin
 				       (const struct mkv_segment *const *)c[h].vs, nseg, &w, ref, NULL);
 		cr_assert_eq(rc, 0);
 		double e = gu_rel_err(r.out + (size_t)h * nq * d, ref, (size_t)nq * d);
-		cr_assert(e < 2e-3, "seed %llu d=%u nq=%u g=%u drop=%u b=%u frac=%g head %u: rel err %g",
-			  (unsigned long long)seed, d, nq, g, drop, b, frac, h, e);
+		cr_assert(e < 2e-3,
+			  "seed %llu d=%u nq=%u g=%u drop=%u b=%u frac=%g r=%u vb=%u head %u: "
+			  "rel err %g", (unsigned long long)seed, d, nq, g, drop, b, frac,
+			  eo.r, vb, h, e);
 		free(ref);
 	}
 	run_free(&r);
 	for (uint32_t h = 0; h < H; h++)
 		gu_ctx_free(&c[h]);
+}
+
+static void check_packed(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, uint32_t b,
+			 double frac, uint32_t win)
+{
+	check_packed_rq(d, nq, g, drop, b, frac, win, 0, 0);
 }
 
 Test(gpu, packed_llama_shape) { check_packed(128, 4, 1, 1, 16, 0.1, 37); }
@@ -195,8 +205,39 @@ Test(gpu, packed_cuda_cores_g2_nq8)
 	check_packed(128, 8, 2, 0, 32, 0.2, 3);
 }
 
-/* Scores and selection against mkv_score_blocks / mkv_select_blocks. */
-static void check_select(uint32_t d, uint32_t nq, double frac, uint32_t b, size_t base)
+/* Quantized rows (the serving defaults: r = 5d/8 of d, 6 bits, g = 1,
+ * b = 16; then every width, odd r, g > 1) on both kernels. */
+Test(gpu, packed_q6_d64_default) { check_packed_rq(64, 3, 1, 0, 16, 0.1, 37, 40, 6); }
+Test(gpu, packed_q6_d128_default) { check_packed_rq(128, 4, 1, 0, 16, 0.1, 64, 80, 6); }
+Test(gpu, packed_q6_d128_r82) { check_packed_rq(128, 8, 1, 0, 16, 0.2, 5, 82, 6); }
+Test(gpu, packed_q4_d64) { check_packed_rq(64, 2, 1, 0, 8, 0.15, 0, 48, 4); }
+Test(gpu, packed_q8_d128_drop) { check_packed_rq(128, 4, 1, 1, 32, 0.1, 19, 64, 8); }
+Test(gpu, packed_q5_g2) { check_packed_rq(128, 1, 2, 0, 16, 0.3, 3, 38, 5); }
+Test(gpu, packed_q7_g4_full) { check_packed_rq(64, 4, 4, 1, 64, 1.0, 8, 28, 7); }
+Test(gpu, packed_q6_cuda_cores)
+{
+	g_flags = GPU_ATTN_CUDA_CORES;
+	check_packed_rq(64, 3, 1, 0, 16, 0.1, 37, 40, 6);
+}
+Test(gpu, packed_q4_g2_cuda_cores)
+{
+	g_flags = GPU_ATTN_CUDA_CORES;
+	check_packed_rq(128, 8, 2, 1, 16, 0.2, 3, 42, 4);
+}
+Test(gpu, packed_q8_cuda_cores_r82)
+{
+	g_flags = GPU_ATTN_CUDA_CORES;
+	check_packed_rq(128, 2, 1, 0, 8, 0.15, 0, 82, 8);
+}
+
+/*
+ * Scores and selection against mkv_score_blocks / mkv_select_blocks.  @S
+ * summarised channels (0: r); with S well below d_keep the remainder bound
+ * (qperp · rest) is a large part of every score, and the test checks that
+ * it is: the CPU's scores with sum_rest zeroed must differ.
+ */
+static void check_select_s(uint32_t d, uint32_t nq, double frac, uint32_t b, size_t base,
+			   uint32_t S, uint32_t vb)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
@@ -205,6 +246,8 @@ static void check_select(uint32_t d, uint32_t nq, double frac, uint32_t b, size_
 	uint32_t H = 2, nseg = 5, maxb;
 	struct mkv_encode_opts eo;
 	enc_opts(&eo, d, d / 4, 1, b, 1);
+	eo.summary_channels = S;
+	eo.value_bits = vb;
 	struct gu_ctx c[MAXH];
 	build_ctxs(c, H, &rng, d, nseg, base, 0, &eo, &maxb);
 	struct run r;
@@ -235,6 +278,29 @@ static void check_select(uint32_t d, uint32_t nq, double frac, uint32_t b, size_
 			cr_assert(fabsf(gs[j] - cs[j]) <= 1e-5 * (fabs(cs[j]) + mean),
 				  "seed %llu head %u block %u: gpu %.9g cpu %.9g",
 				  (unsigned long long)seed, h, j, gs[j], cs[j]);
+		if (S && S < d / 2) {
+			/* the remainder term matters: without it the scores move */
+			float *c0 = malloc(sizeof(float) * nb);
+			uint32_t moved = 0;
+			for (uint32_t s = 0; s < nseg; s++) {
+				struct mkv_packed_view kv;
+				cr_assert_eq(mkv_segment_view(c[h].ks[s], &kv), 0);
+				cr_assert(kv.sum_rest);
+				size_t rb = (size_t)kv.n_blocks * 2;
+				uint16_t *keep = malloc(rb);
+				memcpy(keep, kv.sum_rest, rb);
+				memset((void *)kv.sum_rest, 0, rb);
+				cr_assert_eq(mkv_score_blocks(&ao, qh, c[h].ks[s],
+							      c0 + c[h].segs[s].block0), 0);
+				memcpy((void *)kv.sum_rest, keep, rb);
+				free(keep);
+			}
+			for (uint32_t j = 0; j < nb; j++)
+				moved += fabsf(c0[j] - cs[j]) > 0.1 * (fabs(cs[j]) + mean);
+			cr_assert(moved > nb / 2, "seed %llu: the remainder moved %u of %u scores",
+				  (unsigned long long)seed, moved, nb);
+			free(c0);
+		}
 		int64_t ns = mkv_select_blocks(&ao, qh, (const struct mkv_segment *const *)c[h].ks,
 					       nseg, csel, nb);
 		cr_assert(ns >= 1);
@@ -275,7 +341,16 @@ static void check_select(uint32_t d, uint32_t nq, double frac, uint32_t b, size_
 		gu_ctx_free(&c[h]);
 }
 
+static void check_select(uint32_t d, uint32_t nq, double frac, uint32_t b, size_t base)
+{
+	check_select_s(d, nq, frac, b, base, 0, 0);
+}
+
 Test(gpu, select_llama_shape) { check_select(128, 4, 0.1, 16, 3000); }
+/* the remainder bound dominating (S = 8), and nearly zero (S = d_keep) */
+Test(gpu, select_rest_s8_q6) { check_select_s(128, 4, 0.1, 16, 3000, 8, 6); }
+Test(gpu, select_rest_s8_d64_nq3) { check_select_s(64, 3, 0.2, 16, 2000, 8, 0); }
+Test(gpu, select_rest_full_s) { check_select_s(128, 2, 0.1, 16, 2000, 96, 6); }
 Test(gpu, select_many_blocks) { check_select(128, 4, 0.1, 8, 20000); }
 Test(gpu, select_d64_nq2) { check_select(64, 2, 0.37, 16, 900); }
 Test(gpu, select_tiny_budget) { check_select(128, 1, 0.001, 32, 1000); }

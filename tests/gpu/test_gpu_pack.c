@@ -40,21 +40,34 @@ static bool close_ulp(float a, float b)
 	return fabsf(a - b) <= 0x1p-7f * fabsf(b) + 1e-6f;
 }
 
+/* Field k of a quantized row, as the integer it stores. */
+static int qfield(const uint8_t *row, uint32_t k, uint32_t w)
+{
+	uint32_t bit = 16 + k * w, u = row[bit >> 3] | (uint32_t)row[(bit >> 3) + 1] << 8;
+	return (int)((u >> (bit & 7)) & ((1u << w) - 1)) - (1 << (w - 1));
+}
+
 /*
- * Compare one packed half on the device (values n × rs, bitmaps n × bw
- * words, summaries nb × S or none) with the CPU's view.  Vectors whose
- * top-r set differs (near-ties under a different summation order) are
- * counted, and must be rare; the rest must agree within one bf16 ulp.
+ * Compare one packed half on the device (rows of rs 16-bit units, bitmaps
+ * n × bw words, summaries nb × S and remainder bounds nb, or none) with
+ * the CPU's view.  Vectors whose top-r set differs (near-ties under a
+ * different summation order) are counted, and must be rare; the rest must
+ * agree within one bf16 ulp (bf16 rows), or (quantized rows) scales within
+ * one ulp and every value within one quantization step, equal fields for
+ * all but a rare few (rounding ties), padding zero.  Remainder bounds:
+ * within one ulp, or a small part of the block's largest bound (the
+ * difference of two sums cancels).
  */
 static void compare_half(const char *what, uint64_t seed, const struct mkv_packed_view *cv,
 			 const uint16_t *dval, const uint32_t *dbm, uint32_t rs, uint32_t bw,
-			 const uint16_t *dmin, const uint16_t *dmax)
+			 const uint16_t *dmin, const uint16_t *dmax, const uint16_t *drest)
 {
 	size_t n = cv->n;
 	uint16_t *val = fetch(dval, n * rs * 2);
 	uint32_t *bm = fetch(dbm, n * bw * 4);
-	const uint16_t *cval = cv->values;
-	size_t diff = 0;
+	const uint8_t *cval = cv->values;
+	uint32_t w = cv->value_bits, rb = cv->row_bytes;
+	size_t diff = 0, fdiff = 0, fields = 0;
 	for (size_t i = 0; i < n; i++) {
 		uint8_t g8[16] = {0};
 		memcpy(g8, bm + i * bw, bw * 4);
@@ -62,16 +75,44 @@ static void compare_half(const char *what, uint64_t seed, const struct mkv_packe
 			diff++;
 			continue;
 		}
+		const uint8_t *grow = (const uint8_t *)(val + i * rs), *crow = cval + i * rb;
+		if (w) {
+			uint16_t gs, cs;
+			memcpy(&gs, grow, 2);
+			memcpy(&cs, crow, 2);
+			float gsf = gu_f32(gs), csf = gu_f32(cs), step = fmaxf(gsf, csf);
+			cr_assert(close_ulp(gsf, csf), "seed %llu %s vector %zu: scale gpu %g cpu %g",
+				  (unsigned long long)seed, what, i, gsf, csf);
+			for (uint32_t k = 0; k < cv->r; k++) {
+				int gq = qfield(grow, k, w), cq = qfield(crow, k, w);
+				float gv = (float)gq * gsf, cvv = (float)cq * csf;
+				cr_assert(fabsf(gv - cvv) <= step * 1.001f,
+					  "seed %llu %s vector %zu field %u: gpu %d×%g cpu %d×%g",
+					  (unsigned long long)seed, what, i, k, gq, gsf, cq, csf);
+				fdiff += gq != cq;
+				fields++;
+			}
+			/* past the last field: zero, up to the device row's end */
+			uint32_t used = 2 + (cv->r * w + 7) / 8;
+			for (uint32_t bit = 16 + cv->r * w; bit < used * 8; bit++)
+				cr_assert(!(grow[bit >> 3] >> (bit & 7) & 1), "%s: padding bit", what);
+			for (uint32_t by = used; by < rs * 2; by++)
+				cr_assert_eq(grow[by], 0, "%s vector %zu: padding byte %u", what, i, by);
+			continue;
+		}
+		const uint16_t *gv = val + i * rs, *cv16 = (const uint16_t *)crow;
 		for (uint32_t k = 0; k < cv->r; k++)
-			cr_assert(close_ulp(gu_f32(val[i * rs + k]), gu_f32(cval[i * cv->r + k])),
+			cr_assert(close_ulp(gu_f32(gv[k]), gu_f32(cv16[k])),
 				  "seed %llu %s vector %zu slot %u: gpu %g cpu %g",
-				  (unsigned long long)seed, what, i, k, gu_f32(val[i * rs + k]),
-				  gu_f32(cval[i * cv->r + k]));
+				  (unsigned long long)seed, what, i, k, gu_f32(gv[k]),
+				  gu_f32(cv16[k]));
 		for (uint32_t k = cv->r; k < rs; k++)
-			cr_assert_eq(val[i * rs + k], 0);
+			cr_assert_eq(gv[k], 0);
 	}
 	cr_assert(diff <= n / 100 + 1, "seed %llu %s: %zu of %zu bitmaps differ",
 		  (unsigned long long)seed, what, diff, n);
+	cr_assert(fdiff <= fields / 100 + 1, "seed %llu %s: %zu of %zu fields differ",
+		  (unsigned long long)seed, what, fdiff, fields);
 	if (dmin) {
 		size_t m = (size_t)cv->n_blocks * cv->summary_channels;
 		uint16_t *mn = fetch(dmin, m * 2), *mx = fetch(dmax, m * 2);
@@ -87,16 +128,33 @@ static void compare_half(const char *what, uint64_t seed, const struct mkv_packe
 		free(mn);
 		free(mx);
 	}
+	if (drest) {
+		size_t m = cv->n_blocks;
+		uint16_t *re = fetch(drest, m * 2);
+		const uint16_t *cre = cv->sum_rest;
+		float top = 0.0f;
+		for (size_t i = 0; i < m; i++)
+			top = fmaxf(top, gu_f32(cre[i]));
+		cr_assert(top > 0.0f, "%s: no remainder at all", what);
+		for (size_t i = 0; i < m; i++)
+			cr_assert(close_ulp(gu_f32(re[i]), gu_f32(cre[i])) ||
+					  fabsf(gu_f32(re[i]) - gu_f32(cre[i])) <= 2e-3f * top,
+				  "seed %llu %s remainder bound %zu: gpu %g cpu %g (largest %g)",
+				  (unsigned long long)seed, what, i, gu_f32(re[i]), gu_f32(cre[i]),
+				  top);
+		free(re);
+	}
 	free(val);
 	free(bm);
 }
 
-/* A device update buffer of capacity @cap with the rotations of @ks/@vs. */
+/* A device update buffer of capacity @cap with the rotations (and value
+ * bits) of @ks/@vs: gpu_seg_image of an empty pair, as seqgpu.c makes it. */
 struct dbuf {
 	struct gpu_seg seg; /* host copy of the descriptor */
 	struct gpu_seg *dseg;
 	uint32_t *dcap;
-	void *mem[7];
+	void *mem;
 };
 
 static void dbuf_init(struct dbuf *b, const struct mkv_segment *ks,
@@ -106,46 +164,27 @@ static void dbuf_init(struct dbuf *b, const struct mkv_segment *ks,
 	cr_assert_eq(mkv_segment_view(ks, &kv), 0);
 	cr_assert_eq(mkv_segment_view(vs, &vv), 0);
 	memset(b, 0, sizeof *b);
-	struct gpu_seg *s = &b->seg;
-	s->k_rs = (kv.r + 7) & ~7u;
-	s->v_rs = (vv.r + 7) & ~7u;
-	s->k_bw = (kv.bitmap_bytes + 3) / 4;
-	s->v_bw = (vv.bitmap_bytes + 3) / 4;
-	uint32_t nb = (cap + kv.b - 1) / kv.b;
-	b->mem[0] = gu_dev((size_t)cap * s->k_rs * 2);
-	b->mem[1] = gu_dev((size_t)cap * s->k_bw * 4);
-	b->mem[2] = gu_upload(kv.rotation, (size_t)kv.d_keep * kv.d * 2);
-	b->mem[3] = gu_dev((size_t)nb * kv.summary_channels * 2);
-	b->mem[4] = gu_dev((size_t)nb * kv.summary_channels * 2);
-	b->mem[5] = gu_dev((size_t)cap * s->v_rs * 2);
-	b->mem[6] = gu_dev((size_t)cap * s->v_bw * 4);
-	s->k_val = b->mem[0];
-	s->k_bm = b->mem[1];
-	s->k_rot = b->mem[2];
-	s->s_min = b->mem[3];
-	s->s_max = b->mem[4];
-	s->v_val = b->mem[5];
-	s->v_bm = b->mem[6];
-	s->v_rot = gu_upload(vv.rotation, (size_t)vv.d_keep * vv.d * 2);
-	s->n = 0;
-	s->b = kv.b;
-	s->n_blocks = 0;
-	s->S = kv.summary_channels;
-	s->k_dk = kv.d_keep;
-	s->k_r = kv.r;
-	s->k_g = kv.g;
-	s->v_dk = vv.d_keep;
-	s->v_r = vv.r;
-	s->v_g = vv.g;
-	b->dseg = gu_upload(s, sizeof *s);
+	kv.n = vv.n = 0;
+	kv.n_blocks = vv.n_blocks = 0;
+	size_t bytes = gpu_seg_cap_bytes(&kv, &vv, cap);
+	cr_assert(bytes > 0);
+	b->mem = gu_dev(bytes);
+	void *img = malloc(bytes);
+	cr_assert_eq(gpu_seg_image(&kv, &vv, cap, img, b->mem, &b->seg), 0);
+	/* poison the image's empty rows: the append must write whole rows */
+	memset((char *)img + ((const char *)b->seg.k_val - (const char *)b->mem), 0x5a,
+	       (size_t)cap * b->seg.k_rs * 2);
+	GU_CK(cudaMemcpy(b->mem, img, bytes, cudaMemcpyHostToDevice));
+	free(img);
+	cr_assert_eq(b->seg.n, 0);
+	cr_assert_eq(b->seg.k_vb, kv.value_bits);
+	b->dseg = gu_upload(&b->seg, sizeof b->seg);
 	b->dcap = gu_upload(&cap, 4);
 }
 
 static void dbuf_free(struct dbuf *b)
 {
-	for (int i = 0; i < 7; i++)
-		cudaFree(b->mem[i]);
-	cudaFree((void *)b->seg.v_rot);
+	cudaFree(b->mem);
 	cudaFree(b->dseg);
 	cudaFree(b->dcap);
 }
@@ -184,6 +223,7 @@ static void ref_encode(const struct mkv_segment *rs, enum mkv_kind kind, const u
 	cr_assert_eq(mkv_segment_rotation(rs, R), 0);
 	struct mkv_encode_opts o;
 	enc_opts(&o, v.d, v.r, v.g, v.b, v.d_keep != v.d);
+	o.value_bits = v.value_bits;
 	o.kind = kind;
 	o.summary_channels = kind == MKV_KIND_KEY ? v.summary_channels : 0;
 	o.rotation = R;
@@ -192,7 +232,8 @@ static void ref_encode(const struct mkv_segment *rs, enum mkv_kind kind, const u
 	free(R);
 }
 
-static void check_append(uint32_t d, uint32_t r, uint32_t g, uint32_t b, uint32_t drop)
+static void check_append(uint32_t d, uint32_t r, uint32_t g, uint32_t b, uint32_t drop,
+			 uint32_t vb)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
@@ -200,6 +241,7 @@ static void check_append(uint32_t d, uint32_t r, uint32_t g, uint32_t b, uint32_
 	gu_rng_init(&rng, seed);
 	struct mkv_encode_opts eo;
 	enc_opts(&eo, d, r, g, b, drop);
+	eo.value_bits = vb;
 	struct gu_ctx c;
 	size_t len = 2000;
 	gu_ctx_build(&c, &rng, d, 1, &len, 0, &eo);
@@ -227,9 +269,9 @@ static void check_append(uint32_t d, uint32_t r, uint32_t g, uint32_t b, uint32_
 	mkv_segment_view(rk, &kv);
 	mkv_segment_view(rv, &vv);
 	compare_half("append K", seed, &kv, buf.seg.k_val, buf.seg.k_bm, buf.seg.k_rs,
-		     buf.seg.k_bw, buf.seg.s_min, buf.seg.s_max);
+		     buf.seg.k_bw, buf.seg.s_min, buf.seg.s_max, buf.seg.s_rest);
 	compare_half("append V", seed, &vv, buf.seg.v_val, buf.seg.v_bm, buf.seg.v_rs,
-		     buf.seg.v_bw, NULL, NULL);
+		     buf.seg.v_bw, NULL, NULL, NULL);
 	/* overflow: 30 more than the 27 free slots */
 	append(&buf, k, v, 30, d, ovf);
 	GU_CK(cudaMemcpy(&o, ovf, 4, cudaMemcpyDeviceToHost));
@@ -245,13 +287,19 @@ static void check_append(uint32_t d, uint32_t r, uint32_t g, uint32_t b, uint32_
 	free(v);
 }
 
-Test(gpu, append_llama_shape) { check_append(128, 32, 1, 16, 1); }
-Test(gpu, append_g2_nodrop_b8) { check_append(128, 32, 2, 8, 0); }
-Test(gpu, append_d64_g4_r24_b32) { check_append(64, 24, 4, 32, 1); }
+Test(gpu, append_llama_shape) { check_append(128, 32, 1, 16, 1, 0); }
+Test(gpu, append_g2_nodrop_b8) { check_append(128, 32, 2, 8, 0, 0); }
+Test(gpu, append_d64_g4_r24_b32) { check_append(64, 24, 4, 32, 1, 0); }
+/* quantized rows: the serving defaults, then the other widths */
+Test(gpu, append_q6_d64_r40) { check_append(64, 40, 1, 16, 0, 6); }
+Test(gpu, append_q6_d128_r82) { check_append(128, 82, 1, 16, 0, 6); }
+Test(gpu, append_q4_g2_b8) { check_append(128, 48, 2, 8, 1, 4); }
+Test(gpu, append_q8_d64_g4) { check_append(64, 24, 4, 32, 1, 8); }
+Test(gpu, append_q5_q7) { check_append(64, 37, 1, 16, 0, 5); check_append(128, 81, 1, 16, 0, 7); }
 
 /* History segments + an update buffer + a dense window: the buffer is
  * attended in full, no token is lost between them. */
-Test(gpu, attention_covers_buffer)
+static void check_covers_buffer(uint32_t r, uint32_t vb)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
@@ -259,7 +307,8 @@ Test(gpu, attention_covers_buffer)
 	gu_rng_init(&rng, seed);
 	uint32_t d = 128, nq = 4, nseg = 3, win = 11, nbuf = 77, cap = 256;
 	struct mkv_encode_opts eo;
-	enc_opts(&eo, d, 32, 1, 16, 1);
+	enc_opts(&eo, d, r, 1, 16, vb ? 0 : 1);
+	eo.value_bits = vb;
 	struct gu_ctx c;
 	size_t lens[3] = {900, 17, 1333};
 	gu_ctx_build(&c, &rng, d, nseg, lens, win, &eo);
@@ -336,14 +385,19 @@ Test(gpu, attention_covers_buffer)
 	gu_ctx_free(&c);
 }
 
-/* Prefill encoding: covariance + cuSOLVER eigenvectors + packing. */
-Test(gpu, encode_prefill)
+Test(gpu, attention_covers_buffer) { check_covers_buffer(32, 0); }
+Test(gpu, attention_covers_buffer_q6) { check_covers_buffer(80, 6); }
+
+/* Prefill encoding: covariance + cuSOLVER eigenvectors + packing, rows in
+ * bf16 (vb 0) or quantized. */
+static void check_encode(uint32_t vb)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
-	const uint32_t d = 128, nmat = 4, n = 3000, r = 32, b = 16, S = 32, dk = 96;
+	const uint32_t d = 128, nmat = 4, n = 3000, b = 16, dk = 96;
+	const uint32_t r = vb ? 60 : 32, S = vb ? 24 : 32;
 	uint16_t *x = malloc((size_t)nmat * n * d * 2);
 	gu_fill_kv(&rng, x, (size_t)nmat * n, d);
 	void *dx = gu_upload(x, (size_t)nmat * n * d * 2);
@@ -406,6 +460,7 @@ Test(gpu, encode_prefill)
 	ea.b = b;
 	ea.S = S;
 	ea.drop = 1;
+	ea.value_bits = vb;
 	ea.x = dx;
 	ea.R = dR;
 	ea.dev_bytes = gpu_encode_pack_bytes(&ea);
@@ -418,6 +473,7 @@ Test(gpu, encode_prefill)
 	for (uint32_t m = 0; m < nmat; m++) {
 		struct mkv_encode_opts o;
 		enc_opts(&o, d, r, 1, b, 1);
+		o.value_bits = vb;
 		o.kind = m % 2 ? MKV_KIND_VALUE : MKV_KIND_KEY;
 		o.summary_channels = m % 2 ? 0 : S;
 		o.rotation = R + (size_t)m * d * d; /* first dk rows */
@@ -428,12 +484,13 @@ Test(gpu, encode_prefill)
 		mkv_segment_view(cs, &cv);
 		const struct gpu_seg *sg = &segs[m / 2];
 		cr_assert_eq(sg->k_dk, dk);
+		cr_assert_eq(sg->k_vb, vb);
 		if (m % 2 == 0)
 			compare_half("encode K", seed, &cv, sg->k_val, sg->k_bm, sg->k_rs, sg->k_bw,
-				     sg->s_min, sg->s_max);
+				     sg->s_min, sg->s_max, sg->s_rest);
 		else
 			compare_half("encode V", seed, &cv, sg->v_val, sg->v_bm, sg->v_rs, sg->v_bw,
-				     NULL, NULL);
+				     NULL, NULL, NULL);
 		mkv_segment_destroy(cs);
 	}
 	gpu_encoder_destroy(enc);
@@ -445,3 +502,6 @@ Test(gpu, encode_prefill)
 	free(cov);
 	free(R);
 }
+
+Test(gpu, encode_prefill) { check_encode(0); }
+Test(gpu, encode_prefill_q6) { check_encode(6); }
