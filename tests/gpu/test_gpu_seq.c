@@ -148,7 +148,10 @@ struct cfg {
 	uint32_t L, H, G, d;
 	uint32_t n0, steps;       /* prefill tokens, decode tokens */
 	uint32_t prefill_segment, min_segment, max_segment, window;
-	uint32_t r;               /* 0: chosen by loss */
+	uint32_t r;               /* 0: the default budget, or chosen by
+	                           * loss when adaptive */
+	uint32_t vb;              /* value bits (0: bf16 rows) */
+	uint32_t adaptive;        /* strategies chosen per segment */
 	double frac;
 	uint32_t burst_at, burst; /* appends without attend from token burst_at */
 	uint32_t every;           /* attend every this many tokens (1: each) */
@@ -187,6 +190,8 @@ static void run(const struct cfg *c)
 	o.window = c->window;
 	o.token_frac = c->frac;
 	o.r = c->r;
+	o.value_bits = c->vb;
+	o.adaptive = c->adaptive;
 	o.g = 1;
 	o.b = 16;
 	o.drop = 0;
@@ -368,9 +373,38 @@ Test(gpu_seq, compressed_selection, .timeout = 900)
 {
 	struct cfg c = {.name = "selection", .L = 2, .H = 2, .G = 4, .d = 128, .n0 = 1500,
 			.steps = 300, .prefill_segment = 512, .min_segment = 64,
-			.max_segment = 4096, .window = 32, .r = 0, .frac = 0.2,
+			.max_segment = 4096, .window = 32, .r = 0, .adaptive = 1, .frac = 0.2,
 			.burst_at = 150, .burst = 20, .every = 3, .tol_cpu = 0.15,
 			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 97,
+			.qscale = 0.5};
+	run(&c);
+}
+
+/*
+ * The serving defaults: 6-bit value rows, r = the default budget (40 of
+ * 64; 82 of 128), g = 1, b = 16, S = r, the remainder bound in the scores,
+ * 10-20% of the tokens.  Rows stay quantized on the device, and the update
+ * buffer quantizes new tokens there; GPU and CPU differ by that rounding
+ * and by blocks within rounding of the cut-off.
+ */
+Test(gpu_seq, defaults_q6_d64, .timeout = 900)
+{
+	struct cfg c = {.name = "defaults_d64", .L = 2, .H = 2, .G = 3, .d = 64, .n0 = 1200,
+			.steps = 400, .prefill_segment = 512, .min_segment = 64,
+			.max_segment = 1024, .window = 64, .r = 0, .vb = 6, .frac = 0.1,
+			.burst_at = 150, .burst = 30, .every = 5, .tol_cpu = 0.15,
+			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 97,
+			.qscale = 0.5};
+	run(&c);
+}
+
+Test(gpu_seq, defaults_q6_d128, .timeout = 900)
+{
+	struct cfg c = {.name = "defaults_d128", .L = 1, .H = 2, .G = 4, .d = 128, .n0 = 1500,
+			.steps = 300, .prefill_segment = 512, .min_segment = 64,
+			.max_segment = 512, .window = 32, .r = 0, .vb = 6, .frac = 0.2,
+			.burst_at = 100, .burst = 20, .every = 4, .tol_cpu = 0.15,
+			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 61,
 			.qscale = 0.5};
 	run(&c);
 }
