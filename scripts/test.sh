@@ -42,9 +42,7 @@ for path in sys.argv[1:]:
         key = {"OK": "OK", "EXPECTEDFAIL": "OK", "SKIP": "SKIP"}.get(r, "FAIL")
         count[key] += 1
     if path.startswith("build/"):
-        # The model tests, one line each, with their RESULT line if any:
-        # model-passkey-vs-quest shows EXPECTEDFAIL while -Dquest_test is
-        # expected-fail (see tests/model/meson.build).
+        # The model tests, one line each, with their RESULT line if any.
         for line in open(path):
             r = json.loads(line)
             suites, _, name = r["name"].rpartition(" / ")  # "proj:a+b / name"

@@ -30,7 +30,7 @@ def main():
         with torch.no_grad():
             ref = model.generate(ids, max_new_tokens=a.new_tokens, do_sample=False,
                                  past_key_values=DynamicCache(config=model.config))
-            cache = mhf.MosaicCache(model.config, r=d, token_frac=1.0, store_dtype="f32",
+            cache = mhf.MosaicCache(model.config, r=d, token_frac=1.0, store_dtype="f32", value_bits=0,
                                     drop=False, prefill_segment=1024)
             out = model.generate(ids, max_new_tokens=a.new_tokens, do_sample=False,
                                  past_key_values=cache)

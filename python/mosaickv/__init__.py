@@ -56,7 +56,7 @@ class Segment:
 
     def __init__(self, x, *, kind="key", r=None, g=1, b=16, drop=False,
                  rotate=True, select="per_vector", store="bf16",
-                 summary_channels=0, rotation=None):
+                 summary_channels=0, rotation=None, value_bits=0):
         x = np.asarray(x)
         d = x.shape[-1]
         o = _lib.EncodeOpts()
@@ -68,6 +68,7 @@ class Segment:
         o.kind = MKV_KIND_KEY if kind == "key" else MKV_KIND_VALUE
         o.store_dtype = MKV_DTYPE_F32 if store == "f32" else MKV_DTYPE_BF16
         o.summary_channels = summary_channels
+        o.value_bits = value_bits
         self._rot = None
         if rotation is not None:
             self._rot = np.ascontiguousarray(rotation, dtype=np.float32)
@@ -99,7 +100,8 @@ class Segment:
         v = _lib.PackedView()
         _check(_L.mkv_segment_view(self._h, C.byref(v)), "view")
         return {f: getattr(v, f) for f, _ in v._fields_
-                if f not in ("values", "bitmaps", "rotation", "sum_min", "sum_max")}
+                if f not in ("values", "bitmaps", "rotation", "sum_min", "sum_max",
+                             "sum_rest")}
 
     def decode(self, space="original"):
         """Reconstruction (n, d) in the original channels, or the stored

@@ -19,7 +19,7 @@ class EncodeOpts(C.Structure):
                 ("g", C.c_uint32), ("b", C.c_uint32), ("drop", C.c_uint32),
                 ("rotate", C.c_uint32), ("select", C.c_int), ("kind", C.c_int),
                 ("store_dtype", C.c_int), ("summary_channels", C.c_uint32),
-                ("rotation", C.POINTER(C.c_float))]
+                ("rotation", C.POINTER(C.c_float)), ("value_bits", C.c_uint32)]
 
 
 class AttnOpts(C.Structure):
@@ -52,7 +52,8 @@ class PackedView(C.Structure):
                 ("store_dtype", C.c_int), ("rotated", C.c_uint32),
                 ("values", C.c_void_p), ("bitmaps", C.c_void_p),
                 ("rotation", C.c_void_p), ("sum_min", C.c_void_p),
-                ("sum_max", C.c_void_p)]
+                ("sum_max", C.c_void_p), ("value_bits", C.c_uint32),
+                ("row_bytes", C.c_uint32), ("sum_rest", C.c_void_p)]
 
 
 class StrategyOpts(C.Structure):

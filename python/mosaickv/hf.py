@@ -105,9 +105,11 @@ class MosaicLayer(CacheLayerMixin):
 class MosaicCache(Cache):
     """A transformers Cache whose layers live in a mosaickv sequence.
 
-    Options are those of mosaickv.seq.Sequence (r, g, b, drop, token_frac,
-    window, prefill_segment, ...); r=0 chooses r per segment from
-    loss_threshold.  `store` may be shared between caches; by default each
+    Options are those of mosaickv.seq.Sequence (r, g, b, value_bits, drop,
+    token_frac, window, prefill_segment, ...).  The defaults are the
+    library's: 10% of the tokens, and r = 0, the default budget (the bytes
+    of d/4 bf16 values per vector, spent on 5d/8 values of 6 bits);
+    adaptive=True chooses r per segment from loss_threshold.  `store` may be shared between caches; by default each
     cache makes its own store when it sees its first K/V: on their CUDA
     device if they are on one (hbm_bytes sizes its top tier there), in
     host memory otherwise."""

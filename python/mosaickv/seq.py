@@ -37,7 +37,8 @@ class SeqOpts(C.Structure):
                 ("b", C.c_uint32), ("drop", C.c_uint32),
                 ("loss_threshold", C.c_double), ("var_threshold", C.c_double),
                 ("store_dtype", C.c_int), ("lag_cap", C.c_size_t),
-                ("staging_bytes", C.c_size_t), ("device_attend", C.c_uint32)]
+                ("staging_bytes", C.c_size_t), ("device_attend", C.c_uint32),
+                ("value_bits", C.c_uint32), ("adaptive", C.c_uint32)]
 
 
 class SeqStats(C.Structure):
@@ -58,6 +59,7 @@ for _name, _res, _args in [
         ("mkv_store_create", I, [C.POINTER(StoreOpts), C.POINTER(P)]),
         ("mkv_store_destroy", None, [P]),
         ("mkv_seq_opts_init", I, [C.POINTER(SeqOpts), SZ]),
+        ("mkv_seq_default_r", C.c_uint32, [C.c_uint32, C.c_uint32, C.c_uint32]),
         ("mkv_seq_open", I, [P, C.POINTER(SeqOpts), C.c_uint64, C.POINTER(P)]),
         ("mkv_seq_close", I, [P]),
         ("mkv_seq_prefill", I, [P, U32, P, P, I, SZ]),
@@ -120,13 +122,23 @@ class Store:
     __del__ = close
 
 
+def default_r(d, value_bits=6, g=1):
+    """The r that r=0 stands for (mkv_seq_default_r): the largest multiple
+    of g whose packed row fits the bytes of d/4 bf16 values."""
+    r = _L.mkv_seq_default_r(d, value_bits, g)
+    if r == 0:
+        raise ValueError(f"no default r for d={d} value_bits={value_bits} g={g}")
+    return r
+
+
 class Sequence:
     """One request's cache: layers × kv_heads of compressed segments."""
 
     def __init__(self, store, seq_id, *, layers, kv_heads, q_per_kv, d,
                  r=0, g=1, b=16, drop=False, token_frac=0.1, window=64,
                  prefill_segment=4096, min_segment=256, max_segment=65536,
-                 loss_threshold=0.3, store_dtype="bf16"):
+                 loss_threshold=0.3, store_dtype="bf16", value_bits=6,
+                 adaptive=False):
         o = SeqOpts()
         _check(_L.mkv_seq_opts_init(C.byref(o), C.sizeof(o)),
                "sequence options (binding out of date?)")
@@ -135,6 +147,7 @@ class Sequence:
         o.token_frac, o.window = token_frac, window
         o.prefill_segment, o.min_segment, o.max_segment = prefill_segment, min_segment, max_segment
         o.loss_threshold = loss_threshold
+        o.value_bits, o.adaptive = value_bits, int(adaptive)
         o.store_dtype = _lib.MKV_DTYPE_F32 if store_dtype == "f32" else _lib.MKV_DTYPE_BF16
         self.store = store  # keeps the store alive
         self.layers, self.kv_heads, self.q_per_kv, self.d = layers, kv_heads, q_per_kv, d

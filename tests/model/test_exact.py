@@ -27,7 +27,8 @@ def main():
         ids, key = common.passkey(tok, n, seed=100 + i)
         gen = dict(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False)
         cache = mhf.MosaicCache(model.config, r=d, token_frac=1.0, drop=False,
-                                store_dtype="f32", prefill_segment=1024)
+                                store_dtype="f32", value_bits=0,
+                                prefill_segment=1024)
         with torch.no_grad():
             ref = model.generate(ids, past_key_values=DynamicCache(config=model.config), **gen)
             out = model.generate(ids, past_key_values=cache, **gen)

@@ -28,7 +28,8 @@ def main():
     d = cfg.hidden_size // cfg.num_attention_heads
     ids = torch.randint(0, 300, (1, 700))
     chunks = [ids[:, :600], ids[:, 600:605], ids[:, 605:606], ids[:, 606:700]]
-    cache = mhf.MosaicCache(cfg, r=d, token_frac=1.0, window=64, store_dtype="f32")
+    cache = mhf.MosaicCache(cfg, r=d, token_frac=1.0, window=64, store_dtype="f32",
+                             value_bits=0)
     dyn = DynamicCache(config=cfg)
     worst, pos = 0.0, 0
     with torch.no_grad():
