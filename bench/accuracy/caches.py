@@ -44,6 +44,33 @@ def head_dim(cfg):
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
+VALUE_BITS = 6  # mosaickv's default value rows (include/mosaickv/sequence.h)
+
+
+def row_bytes(r, bits=VALUE_BITS):
+    """Bytes of one packed row of r values (include/mosaickv/compress.h)."""
+    if not bits:
+        return 2 * r
+    n = 2 + (r * bits + 7) // 8
+    return n + (n & 1)
+
+
+def budget_r(d, channels, bits=VALUE_BITS):
+    """mosaickv's r at a channel retention read as a byte budget: the
+    largest r whose packed row fits the bytes of channels*d bf16 values
+    (at 25%, the library's default r: 40 of 64)."""
+    budget = 2 * channels * d
+    return max([r for r in range(1, d + 1) if row_bytes(r, bits) <= budget] or [1])
+
+
+def method_r(method, d, channels):
+    """r for @method at @channels: the byte budget for mosaickv's
+    quantized rows, r = channels*d bf16 values for the global mask."""
+    if method.startswith("mosaickv"):
+        return budget_r(d, channels)
+    return max(1, int(round(d * channels)))
+
+
 def globalmask_r(r, d):
     """Channels a global mask keeps at the memory of per-vector top-r: the
     per-vector format stores r bf16 values plus a d-bit bitmap per vector,
@@ -130,13 +157,13 @@ class SegmentCache(Cache):
 
     def __init__(self, config, *, r, token_frac=0.1, select="global", rotate=True,
                  drop=False, summary_channels=0, window=64, prefill_segment=4096,
-                 store="bf16"):
+                 store="bf16", value_bits=0):
         super().__init__(layers=[SegmentLayer(self, i)
                                  for i in range(config.num_hidden_layers)])
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
         self.token_frac, self.window, self.prefill_segment = token_frac, window, prefill_segment
         self.enc = dict(r=r, select=select, rotate=rotate, drop=drop, store=store,
-                        summary_channels=summary_channels)
+                        summary_channels=summary_channels, value_bits=value_bits)
 
 
 class GrowLayer(DynamicLayer):
@@ -255,12 +282,14 @@ AttentionMaskInterface.register(ATTN, sdpa_mask)
 # ---------------------------------------------------------------------------
 
 def make_cache(method, cfg, *, r=16, token_frac=0.1, store=None):
-    """A fresh, empty cache of @method at r values per vector and token_frac."""
+    """A fresh, empty cache of @method at r values per vector and token_frac
+    (mosaickv: r values of VALUE_BITS bits; the global mask: bf16)."""
     d = head_dim(cfg)
     if method == "full":
         return full_cache(cfg)
     if method == "mosaickv":
-        return mhf.MosaicCache(cfg, store=store, r=r, token_frac=token_frac)
+        return mhf.MosaicCache(cfg, store=store, r=r, token_frac=token_frac,
+                               value_bits=VALUE_BITS)
     if method == "quest":
         return quest_cache(cfg, token_frac)
     if method == "globalmask":
@@ -271,7 +300,8 @@ def make_cache(method, cfg, *, r=16, token_frac=0.1, store=None):
     if method == "mosaickv_seg":
         # mosaickv's per-vector selection through SegmentCache: checks that
         # SegmentCache's layout matches the sequence layer's (verify()).
-        return SegmentCache(cfg, r=r, token_frac=token_frac, select="per_vector")
+        return SegmentCache(cfg, r=r, token_frac=token_frac, select="per_vector",
+                            value_bits=VALUE_BITS)
     raise ValueError(method)
 
 

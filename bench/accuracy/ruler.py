@@ -107,7 +107,7 @@ class Runner:
         (method, channels, tokens) in @points, batched.  One result each."""
         import tasks
         t = time.time()
-        rs = [max(1, int(round(self.d * c))) for _, c, _ in points]
+        rs = [self.C.method_r(m, self.d, c) for m, c, _ in points]
         cs = [self.C.load_prefill(self.C.make_cache(m, self.cfg, r=r, token_frac=f,
                                                     store=self.store), kv)
               for (m, c, f), r in zip(points, rs)]
@@ -378,17 +378,19 @@ def report_study(st, plot=None):
                      f"the {ns} examples of theirs that ran the sweep; full cache on the same "
                      f"examples {sw('full', 1.0, 1.0):.1f}%.")
         lines.append("")
-        lines.append("| channels kept (r of d=64) | method | "
+        lines.append("| budget: bytes of this share of bf16 channels (values kept of d=64) | method | "
                      + " | ".join(f"{int(f * 100)}% tokens" for f in TOKENS) + " |")
         lines.append("| --- | --- |" + " --- |" * len(TOKENS))
         grid = {}
         for c in CHANNELS:
             r = int(round(64 * c))
+            # caches.budget_r at d = 64 and 6-bit rows, as in the runs
+            rq = max(q for q in range(1, 65) if (2 + (6 * q + 7) // 8 + 1) // 2 * 2 <= 128 * c)
             for m in ("mosaickv", "globalmask"):
                 grid[(m, c)] = [sw(m, c, f) for f in TOKENS]
                 # caches.globalmask_r at d = 64 (not imported: the report
                 # needs neither torch nor the library)
-                lab = f"r={r}" if m == "mosaickv" else f"r={min(64, r + 4)}"
+                lab = f"r={rq} 6-bit" if m == "mosaickv" else f"r={min(64, r + 4)} bf16"
                 lines.append(f"| {c * 100:g}% ({lab}) | {m} | "
                              + " | ".join(_fmt(v) for v in grid[(m, c)]) + " |")
         grid["quest"] = [sw("quest", 1.0, f) for f in TOKENS]
@@ -455,7 +457,8 @@ def verify(a):
         e = tasks.SUITE["niah_single_number"](tok, L, 777 + i)
         ids = tok(e["prompt"], return_tensors="pt").input_ids
         t = time.time()
-        res = caches.verify(model, ids, ms, max_new=12, r=16, token_frac=0.1)
+        res = caches.verify(model, ids, ms, max_new=12, r=caches.budget_r(64, 0.25),
+                            token_frac=0.1)
         for m, (same, ref, got, many) in res.items():
             bad += not same
             print(f"prompt {i} ({ids.shape[1]} tokens, answer {e['answers'][0]}) {m}: "
