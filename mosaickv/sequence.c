@@ -52,7 +52,11 @@ static void seq_opts_defaults(struct mkv_seq_opts *o, size_t size)
 	o->device_attend = 1;
 	o->value_bits = size > SEQ_OPTS_V1 ? 6 : 0;
 	o->adaptive = size > SEQ_OPTS_V1 ? 0 : 1;
+	o->summary_channels = 0;
 }
+
+/* Internal: summary_channels of a version-1 caller, "S = r". */
+#define SEQ_S_IS_R UINT32_MAX
 
 int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size)
 {
@@ -75,6 +79,8 @@ static bool seq_opts_full(const struct mkv_seq_opts *o, struct mkv_seq_opts *f)
 	memcpy(f, o, o->size);
 	if (o->size == SEQ_OPTS_V1 && o->r)
 		f->adaptive = 0; /* version 1: r != 0 meant fixed */
+	if (o->size == SEQ_OPTS_V1)
+		f->summary_channels = SEQ_S_IS_R;
 	f->size = sizeof(*f);
 	return true;
 }
@@ -114,6 +120,8 @@ static bool seq_opts_valid(const struct mkv_seq_opts *o)
 	    (o->value_bits && (o->value_bits < 4 || o->value_bits > 8)))
 		return false;
 	uint32_t dk = mkv_d_keep(o->d, o->drop);
+	if (o->summary_channels > dk && o->summary_channels != SEQ_S_IS_R)
+		return false;
 	if (!o->adaptive && (!mkv_g_valid(o->g) || !mkv_b_valid(o->b) ||
 			     o->r > dk || o->r % o->g || dk % o->g))
 		return false;
@@ -334,6 +342,9 @@ static void encode_opts(const struct mkv_seq *s, struct mkv_encode_opts *eo,
 	eo->kind = kind;
 	eo->store_dtype = s->o.store_dtype;
 	eo->value_bits = s->o.value_bits;
+	uint32_t S = s->o.summary_channels;
+	if (kind == MKV_KIND_KEY && S != SEQ_S_IS_R)
+		eo->summary_channels = S ? S : (r < s->o.d / 4 ? r : s->o.d / 4);
 	eo->rotation = R;
 }
 

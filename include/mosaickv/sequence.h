@@ -115,6 +115,11 @@ struct mkv_seq_opts {
 	uint32_t adaptive;       /* 1: r, g and b chosen per segment from
 	                          * loss_threshold and var_threshold (the
 	                          * strategy generator); 0 (default): fixed */
+	uint32_t summary_channels; /* S, rotated key channels bounded per
+	                          * block, 1..d_keep; 0 (default): min(r, d/4).
+	                          * The block score adds a bound on the rest,
+	                          * so S trades score bytes for tightness
+	                          * (docs/ACCURACY.md).  Version 1: S = r */
 };
 
 MKV_API int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size);

@@ -38,7 +38,8 @@ class SeqOpts(C.Structure):
                 ("loss_threshold", C.c_double), ("var_threshold", C.c_double),
                 ("store_dtype", C.c_int), ("lag_cap", C.c_size_t),
                 ("staging_bytes", C.c_size_t), ("device_attend", C.c_uint32),
-                ("value_bits", C.c_uint32), ("adaptive", C.c_uint32)]
+                ("value_bits", C.c_uint32), ("adaptive", C.c_uint32),
+                ("summary_channels", C.c_uint32)]
 
 
 class SeqStats(C.Structure):
@@ -138,7 +139,7 @@ class Sequence:
                  r=0, g=1, b=16, drop=False, token_frac=0.1, window=64,
                  prefill_segment=4096, min_segment=256, max_segment=65536,
                  loss_threshold=0.3, store_dtype="bf16", value_bits=6,
-                 adaptive=False):
+                 adaptive=False, summary_channels=0):
         o = SeqOpts()
         _check(_L.mkv_seq_opts_init(C.byref(o), C.sizeof(o)),
                "sequence options (binding out of date?)")
@@ -148,6 +149,7 @@ class Sequence:
         o.prefill_segment, o.min_segment, o.max_segment = prefill_segment, min_segment, max_segment
         o.loss_threshold = loss_threshold
         o.value_bits, o.adaptive = value_bits, int(adaptive)
+        o.summary_channels = summary_channels
         o.store_dtype = _lib.MKV_DTYPE_F32 if store_dtype == "f32" else _lib.MKV_DTYPE_BF16
         self.store = store  # keeps the store alive
         self.layers, self.kv_heads, self.q_per_kv, self.d = layers, kv_heads, q_per_kv, d

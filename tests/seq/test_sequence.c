@@ -9,11 +9,13 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include <mosaickv.h>
+#include "mosaickv/seq_internal.h"
 #include "mosaickv/store_internal.h"
 #include "tiers/tier.h"
 
@@ -389,6 +391,59 @@ static void swap_not_worse(uint32_t value_bits)
 Test(sequence, swap_not_worse_on_drifting_data, .timeout = 120) { swap_not_worse(0); }
 Test(sequence, swap_not_worse_quantized_default, .timeout = 120) { swap_not_worse(6); }
 
+/* The formats a sequence encodes with: the serving defaults (r = 0 ->
+ * 40 of 64 in 6-bit rows, S = min(r, d/4)), an explicit S, and a caller
+ * of version 1 of the options (bf16 element rows, S = r). */
+static void seq_format_case(size_t size, uint32_t S, uint32_t want_r,
+			    uint32_t want_bits, uint32_t want_S)
+{
+	const uint32_t L = 1, H = 1, G = 2, d = 64, n0 = 300;
+	uint64_t rng = fresh_seed();
+	struct mkv_store *st = host_store((size_t)64 << 20);
+	struct mkv_seq_opts o;
+	cr_assert_eq(mkv_seq_opts_init(&o, size), 0);
+	o.layers = L, o.kv_heads = H, o.q_per_kv = G, o.d = d;
+	o.prefill_segment = 256;
+	if (size == sizeof o)
+		o.summary_channels = S;
+	else
+		o.r = want_r; /* version 1: r = 0 would mean the strategy */
+	struct mkv_seq *s;
+	cr_assert_eq(mkv_seq_open(st, &o, 5, &s), 0);
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0 + 4);
+	fill_random(&t, 0, n0 + 4, &rng);
+	prefill_all(s, &t, n0);
+	for (uint32_t i = n0; i < n0 + 4; i++)
+		cr_assert_eq(mkv_seq_append(&s, 1, 0, tk(&t, 0, 0, i), tv(&t, 0, 0, i),
+					    MKV_DTYPE_F32), 0);
+	const struct lh *l = &s->lh[0];
+	const struct mkv_segment *ks[2] = {l->segs[0].k, l->ok};
+	for (int i = 0; i < 2; i++) {
+		struct mkv_packed_view v;
+		cr_assert_eq(mkv_segment_view(ks[i], &v), 0);
+		cr_assert(v.r == want_r && v.value_bits == want_bits &&
+			  v.summary_channels == want_S &&
+			  v.row_bytes == mkv_row_bytes(want_r, want_bits, MKV_DTYPE_BF16),
+			  "%s key segment: r %u bits %u S %u row %u, want r %u bits %u S %u",
+			  i ? "open" : "prefill", v.r, v.value_bits, v.summary_channels,
+			  v.row_bytes, want_r, want_bits, want_S);
+	}
+	mkv_seq_close(s);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
+
+Test(sequence, encodes_the_configured_format, .timeout = 60)
+{
+	seq_format_case(sizeof(struct mkv_seq_opts), 0, 40, 6, 16);
+	seq_format_case(sizeof(struct mkv_seq_opts), 24, 40, 6, 24);
+	size_t v1 = offsetof(struct mkv_seq_opts, device_attend) + sizeof(uint32_t);
+	seq_format_case(v1, 0, 16, 0, 16);
+	seq_format_case(v1, 0, 24, 0, 24);
+}
+
 /* r = 0 resolves to the largest multiple of g whose row fits d/2 bytes,
  * computed here from the row format's definition. */
 Test(sequence, default_budget_r)
@@ -551,6 +606,9 @@ Test(sequence, bad_input_changes_nothing, .timeout = 60)
 		bad.value_bits = badbits[i];
 		cr_assert_eq(mkv_seq_open(st, &bad, 1, &s), -EINVAL, "value_bits %u", badbits[i]);
 	}
+	bad = o;
+	bad.summary_channels = d + 1;
+	cr_assert_eq(mkv_seq_open(st, &bad, 1, &s), -EINVAL);
 	bad = o;
 	bad.adaptive = 2;
 	cr_assert_eq(mkv_seq_open(st, &bad, 1, &s), -EINVAL);
