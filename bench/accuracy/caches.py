@@ -301,7 +301,7 @@ def make_cache(method, cfg, *, r=16, token_frac=0.1, store=None):
         # mosaickv's per-vector selection through SegmentCache: checks that
         # SegmentCache's layout matches the sequence layer's (verify()).
         return SegmentCache(cfg, r=r, token_frac=token_frac, select="per_vector",
-                            value_bits=VALUE_BITS)
+                            value_bits=VALUE_BITS, summary_channels=min(r, d // 4))
     raise ValueError(method)
 
 
