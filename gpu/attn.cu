@@ -1754,20 +1754,27 @@ __device__ __forceinline__ void scatter_half_g1(const uint4 *vp, const uint4 (&p
 }
 
 /*
- * Quantized rows on the tensor cores: fields of groups [c0, c1) scattered
- * as fp16 integers u − 2^(w−1) (exact: 0x6400 | u is 1024 + u in fp16, and
- * one subtraction of 1024 + 2^(w−1) leaves the field); the row's scale is
- * applied per token outside the products (to S for K, folded into P for
- * V).  G1: g == 1 (branch-free iterator from the bitmap words in @it);
- * else @it must be started at group c0's channel.
+ * Quantized rows on the tensor cores: the values of groups [c0, c1)
+ * scattered in fp16 as field × scale.  0x6400 | u is 1024 + u in fp16, one
+ * subtraction of 1024 + 2^(w−1) leaves the signed field exactly, and one
+ * multiplication by the row's scale @sf (bf16, exact in fp16 when >= 2^-14)
+ * rounds the value once to fp16's 11 bits (the bf16 path's values convert
+ * exactly; this is the rounding Q' already has): two values per HSUB2 and
+ * HMUL2, and the products then run as for bf16 rows.  G1: g == 1
+ * (branch-free iterator from the bitmap words in @it); else @it must be
+ * started at group c0's channel.  WC: the width at compile time (immediate
+ * shifts), 0: @wr at run time.
  */
-template <bool G1>
-__device__ __forceinline__ void scatter_q(const uint32_t *row, uint32_t w, uint32_t c0,
-					  uint32_t c1, uint32_t r, bititer &it, __half *tile,
-					  uint32_t st_c)
+template <bool G1, int WC>
+__device__ __forceinline__ void scatter_q(const uint32_t *row, uint32_t wr, float sf,
+					  uint32_t c0, uint32_t c1, uint32_t r, bititer &it,
+					  __half *tile, uint32_t st_c)
 {
-	uint32_t mask = (1u << w) - 1u;
-	__half bias = __ushort_as_half((uint16_t)(0x6400u | (1u << (w - 1))));
+	const uint32_t w = WC ? (uint32_t)WC : wr, mask = (1u << w) - 1u;
+	const uint32_t bb = 0x6400u | (1u << (w - 1));
+	const __half2 bias = __halves2half2(__ushort_as_half((uint16_t)bb),
+					    __ushort_as_half((uint16_t)bb));
+	const __half2 s2 = __float2half2_rn(sf);
 	bits128 b;
 	if (G1) {
 		b.init(it.w0, it.w1, it.w2, it.w3);
@@ -1777,17 +1784,22 @@ __device__ __forceinline__ void scatter_q(const uint32_t *row, uint32_t w, uint3
 		uint64_t x = qgroup(row, w, ck);
 		if (ck * 8 + 8 <= r) {
 #pragma unroll
-			for (int e = 0; e < 8; e++) {
-				uint32_t u = (uint32_t)(x >> (e * w)) & mask;
-				__half h = __hsub(__ushort_as_half((uint16_t)(0x6400u | u)), bias);
-				tile[(G1 ? b.next() : it.next()) * st_c] = h;
+			for (int e = 0; e < 8; e += 2) {
+				uint32_t u0 = (uint32_t)(x >> (e * w)) & mask;
+				uint32_t u1 = (uint32_t)(x >> ((e + 1) * w)) & mask;
+				uint32_t pr = 0x64006400u | u0 | (u1 << 16);
+				__half2 h = __hmul2(__hsub2(*(const __half2 *)&pr, bias), s2);
+				tile[(G1 ? b.next() : it.next()) * st_c] = __low2half(h);
+				tile[(G1 ? b.next() : it.next()) * st_c] = __high2half(h);
 			}
 		} else {
 #pragma unroll
 			for (int e = 0; e < 8; e++)
 				if (ck * 8 + e < r) {
 					uint32_t u = (uint32_t)(x >> (e * w)) & mask;
-					__half h = __hsub(__ushort_as_half((uint16_t)(0x6400u | u)), bias);
+					__half h = __hmul(__hsub(__ushort_as_half((uint16_t)(0x6400u | u)),
+								 __low2half(bias)),
+							  __low2half(s2));
 					tile[(G1 ? b.next() : it.next()) * st_c] = h;
 				}
 		}
@@ -1798,16 +1810,20 @@ __device__ __forceinline__ void scatter_q(const uint32_t *row, uint32_t w, uint3
  * quantized fields, chunks/groups [c0, c1). */
 __device__ __forceinline__ void scatter_any(const uint4 *vp, const uint4 (&pre)[2], uint32_t c0,
 					    uint32_t c1, uint32_t r, uint32_t g, uint32_t vb,
-					    bititer &it, __half *tile, uint32_t st_c)
+					    float sf, bititer &it, __half *tile, uint32_t st_c)
 {
 	bool g1 = g == 1 && (r & 7) == 0;
 	if (vb) {
-		if (g == 1) {
-			scatter_q<true>((const uint32_t *)vp, vb, c0, c1, r, it, tile, st_c);
+		const uint32_t *row = (const uint32_t *)vp;
+		if (g == 1) { /* 6 bits: the serving default, immediate shifts */
+			if (vb == 6)
+				scatter_q<true, 6>(row, vb, sf, c0, c1, r, it, tile, st_c);
+			else
+				scatter_q<true, 0>(row, vb, sf, c0, c1, r, it, tile, st_c);
 		} else {
 			it.g = (int)g;
 			it.start((int)(c0 * 8 / g));
-			scatter_q<false>((const uint32_t *)vp, vb, c0, c1, r, it, tile, st_c);
+			scatter_q<false, 0>(row, vb, sf, c0, c1, r, it, tile, st_c);
 		}
 	} else if (g1) {
 		scatter_half_g1(vp, pre, c0, c1, it, tile, st_c);
@@ -1867,9 +1883,11 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 	__syncwarp();
 	if (valid) {
 		if (kc0 < kc1)
-			scatter_any(kp, kpre, kc0, kc1, sg.k_r, sg.k_g, sg.k_vb, ki, T.k + t * TK_LD, 1);
+			scatter_any(kp, kpre, kc0, kc1, sg.k_r, sg.k_g, sg.k_vb, ksf, ki,
+				    T.k + t * TK_LD, 1);
 		if (vc0 < vc1)
-			scatter_any(vp, vpre, vc0, vc1, sg.v_r, sg.v_g, sg.v_vb, vi, T.v + t, TV_LD);
+			scatter_any(vp, vpre, vc0, vc1, sg.v_r, sg.v_g, sg.v_vb, vsf, vi, T.v + t,
+				    TV_LD);
 	}
 	__syncwarp();
 	/* S = Q' K̂ᵀ: two 8-token tiles */
@@ -1887,14 +1905,7 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 				mma16816_top(s[n][0], s[n][1], qa[ks][0], qa[ks][1], b0, b1);
 			}
 	}
-	/* lane holds head g, tokens 2tig, 2tig+1 (n = 0) and 8 + 2tig, 9 + 2tig;
-	 * token j's row was read by lanes 2j and 2j + 1 */
-	if (sg.k_vb) { /* integer keys: times each token's scale */
-		s[0][0] *= __shfl_sync(0xffffffffu, ksf, 4 * tig);
-		s[0][1] *= __shfl_sync(0xffffffffu, ksf, 4 * tig + 2);
-		s[1][0] *= __shfl_sync(0xffffffffu, ksf, 16 + 4 * tig);
-		s[1][1] *= __shfl_sync(0xffffffffu, ksf, 18 + 4 * tig);
-	}
+	/* lane holds head g, tokens 2tig, 2tig+1 (n = 0) and 8 + 2tig, 9 + 2tig */
 	float x0 = 2 * tig < nt ? s[0][0] : -INFINITY;
 	float x1 = 2 * tig + 1 < nt ? s[0][1] : -INFINITY;
 	float x2 = 8 + 2 * tig < nt ? s[1][0] : -INFINITY;
@@ -1909,33 +1920,6 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 	st.l = st.l * al + (p0 + p1 + p2 + p3);
 	uint32_t nnt = (sg.v_dk + 7) >> 3;
 	const __half *vrow = T.v + g * TV_LD + 2 * tig;
-	if (sg.v_vb) {
-		/*
-		 * Integer values: P' = p · s_t · 2^−E with 2^E the sub-block's
-		 * largest V scale rounded down to a power of two (P' < 2 in
-		 * fp16), then O' = O' al + 2^E (P' V̂).
-		 */
-		float vmax = warp_max(vsf);
-		uint32_t eb = __float_as_uint(vmax) & 0x7f800000u;
-		float inv = __uint_as_float(0x7f000000u - eb), back = __uint_as_float(eb);
-		float v0 = __shfl_sync(0xffffffffu, vsf, 4 * tig) * inv;
-		float v1 = __shfl_sync(0xffffffffu, vsf, 4 * tig + 2) * inv;
-		float v2 = __shfl_sync(0xffffffffu, vsf, 16 + 4 * tig) * inv;
-		float v3 = __shfl_sync(0xffffffffu, vsf, 18 + 4 * tig) * inv;
-		uint32_t pa0 = h2pack(p0 * v0, p1 * v1), pa2 = h2pack(p2 * v2, p3 * v3);
-#pragma unroll
-		for (int n = 0; n < 16; n++)
-			if ((uint32_t)n < nnt) {
-				float y0 = 0.0f, y1 = 0.0f;
-				uint32_t b0 = *(const uint32_t *)(vrow + n * 8 * TV_LD);
-				uint32_t b1 = *(const uint32_t *)(vrow + n * 8 * TV_LD + 8);
-				mma16816_top(y0, y1, pa0, pa2, b0, b1);
-				st.acc[n][0] = fmaf(st.acc[n][0], al, back * y0);
-				st.acc[n][1] = fmaf(st.acc[n][1], al, back * y1);
-			}
-		__syncwarp();
-		return;
-	}
 	uint32_t pa0 = h2pack(p0, p1), pa2 = h2pack(p2, p3);
 	/* O' = O' al + P V̂ */
 #pragma unroll
