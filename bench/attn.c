@@ -8,6 +8,11 @@
  * bf16; 10% of tokens, r = 32 values per vector (25% of the 128 channels)
  * of 96 kept rotated channels, b = 16, S = 32 summary channels.
  *
+ * One more column, ours_q6: the same step over the serving format's rows,
+ * r = 80 values of 6 bits + a bf16 scale per vector (64 bytes a row on
+ * the device, the bytes of the bf16 r = 32 rows: 2.5x the values to
+ * decode), with the blocks' remainder bounds in the scores.
+ *
  * Data are synthetic (gpu_synth_*): timings depend on shapes and counts,
  * not on values; the kernels' correctness is the gpu test suite's job.
  * Every repetition runs from a cold L2 (a 256 MiB memset before it), is a
@@ -36,6 +41,9 @@
 #define BB 16
 #define SS 32
 #define BW 3
+#define RQ 80  /* ours_q6: values per vector */
+#define QW 6   /* and their bits */
+#define RSQ 32 /* device row stride, 16-bit units: 2 + 60 bytes -> 64 */
 #define FRAC 0.1
 #define WIN 128
 #define MAXB 8
@@ -183,6 +191,8 @@ static double sdpa_of(unsigned B, unsigned L)
 struct slabs {
 	uint16_t *kval, *vval, *smin, *smax, *rot, *dk, *dv, *qmn, *qmx, *wk, *wv;
 	uint32_t *kbm, *vbm;
+	uint32_t *kbmq, *vbmq; /* RQ of DK bits set (ours_q6) */
+	uint16_t *srest;       /* remainder bounds (ours_q6) */
 	uint32_t seglen, maxseg;
 };
 
@@ -208,6 +218,15 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 	RC(gpu_synth_bf16(s->vval, N * RR, 0.5f, 0.0f, 2, st));
 	RC(gpu_synth_bitmaps(s->kbm, N, BW, DK, RR, 3, st));
 	RC(gpu_synth_bitmaps(s->vbm, N, BW, DK, RR, 4, st));
+	/* ours_q6 reads the value slabs as rows of RSQ units (the same
+	 * bytes): random fields, and random finite bf16 scales */
+	_Static_assert(RSQ == RR, "q6 rows reuse the bf16 value slabs");
+	s->kbmq = dalloc(N * BW * 4);
+	s->vbmq = dalloc(N * BW * 4);
+	s->srest = dalloc(NB * 2);
+	RC(gpu_synth_bitmaps(s->kbmq, N, BW, DK, RQ, 13, st));
+	RC(gpu_synth_bitmaps(s->vbmq, N, BW, DK, RQ, 14, st));
+	RC(gpu_synth_bf16(s->srest, NB, 0.2f, 1.0f, 15, st));
 	RC(gpu_synth_minmax(s->smin, s->smax, NB * SS, 5, st));
 	RC(gpu_synth_bf16(s->rot, (size_t)nctx * s->maxseg * 2 * DK * D, 0.09f, 0.0f, 6, st));
 	RC(gpu_synth_bf16(s->dk, N * D, 1.0f, 0.0f, 7, st));
@@ -223,7 +242,7 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 
 /* Segment tables and heads for H contexts of L tokens. */
 static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu_seg *dsegs,
-		       struct gpu_head *dheads, struct gpu_dense_head *ddense)
+		       struct gpu_head *dheads, struct gpu_dense_head *ddense, int q6)
 {
 	uint32_t nseg = L / s->seglen;
 	struct gpu_seg *segs = calloc((size_t)H * nseg, sizeof *segs);
@@ -253,6 +272,14 @@ static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu
 			g->k_rs = g->v_rs = RR;
 			g->k_bw = g->v_bw = BW;
 			g->block0 = i * (s->seglen / BB);
+			if (q6) {
+				g->k_bm = s->kbmq + tok * BW;
+				g->v_bm = s->vbmq + tok * BW;
+				g->k_r = g->v_r = RQ;
+				g->k_vb = g->v_vb = QW;
+				g->k_rs = g->v_rs = RSQ;
+				g->s_rest = s->srest + blk;
+			}
 		}
 		hh[c].segs = dsegs + (size_t)c * nseg;
 		hh[c].win_k = s->wk + (size_t)c * WIN * D;
@@ -552,16 +579,18 @@ int main(int argc, char **argv)
 	amax.ws_bytes = wsb;
 	RC(gpu_attn_ws_init(&amax, st));
 
-	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s\n",
+	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
+	       "%9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
-	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac");
+	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
+	       "ours_q6");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
 			uint32_t B = bat[bi], L = ctx[ci], H = B * HKV;
 			if (L % seglen || L > MAXCTX || B > maxb)
 				continue;
-			make_heads(&s, H, L, dsegs, dheads, ddense);
+			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			struct gpu_attn_args a = amax;
 			a.n_heads = H;
 			a.max_segs = L / seglen;
@@ -584,6 +613,12 @@ int main(int argc, char **argv)
 			double t_p = time_graph(g_p, 1), t_ps = time_graph(g_ps, 1);
 			double t_q = time_graph(g_q, 1), t_qs = time_graph(g_qs, 1);
 			double t_d = time_graph(g_d, 1), t_pc = time_graph(g_pc, 1);
+			/* the serving format's rows (same bytes, 2.5x the values) */
+			make_heads(&s, H, L, dsegs, dheads, ddense, 1);
+			cudaGraphExec_t g_pq = capture(f_packed, &a, dheads);
+			double t_pq = time_graph(g_pq, 1);
+			cudaGraphExecDestroy(g_pq);
+			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			/* bytes the packed step must read: summaries, both rotations of
 			 * every segment, the selected blocks' packed K and V, the window */
 			CK(cudaGraphLaunch(g_p, st));
@@ -600,9 +635,9 @@ int main(int argc, char **argv)
 			double sd = sdpa_of(B, L);
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
-			       "%7.2f %7.2f | %8.2f %6.3f\n",
+			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
-			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf);
+			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq);
 			fflush(stdout);
 			if (B == 1 && L == 1048576) {
 				r_dense1m = t_d / t_p;
@@ -625,7 +660,7 @@ int main(int argc, char **argv)
 	       "cores only; oscore / qscore = score+select stages alone; x_dense = dense/ours, "
 	       "x_sdpa = torch SDPA/ours, x_quest = quest/ours, x_score = qscore/oscore; d/sdpa = our "
 	       "dense / torch SDPA; bwfrac = bytes the packed step must read / time / device copy "
-	       "bandwidth)\n");
+	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes)\n", RQ);
 
 	if (once)
 		return 0;
