@@ -4,10 +4,12 @@
  * attention runs").  The host pipeline (sequence.c) stays the source of
  * truth; the device holds, per (layer, KV head):
  *   - one device copy (struct dseg) per history segment, in the kernels'
- *     layout (gpu/seqbuf.cu): final segments as uploaded images (made by
- *     the thread that encoded them: a store worker or prefill), pending
- *     and open segments as update buffers with spare capacity that new
- *     tokens are appended to on the device (gpu_append);
+ *     layout (gpu/seqbuf.cu: the host's rows as they are, bf16 or
+ *     quantized to value_bits, and the key blocks' remainder bounds):
+ *     final segments as uploaded images (made by the thread that encoded
+ *     them: a store worker or prefill), pending and open segments as
+ *     update buffers with spare capacity that new tokens are appended to
+ *     on the device (gpu_append quantizes them as the host would);
  *   - per layer, a ring of the dense window (bf16), shared by the heads
  *     (all heads of a layer hold the same tokens).
  *
