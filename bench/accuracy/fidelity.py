@@ -85,10 +85,27 @@ def exact_probs(q, k):
     return p / p.sum(1, keepdims=True)
 
 
+def budget_r(d, chan, bits=6):
+    """The largest r whose packed row of 6-bit values fits the bytes of
+    chan*d bf16 values (bench/accuracy/caches.py, mkv_seq_default_r)."""
+    def row(r):
+        n = 2 + (r * bits + 7) // 8
+        return n + (n & 1)
+    return max([r for r in range(1, d + 1) if row(r) <= 2 * chan * d] or [1])
+
+
 def methods(d, chan, frac):
     r = max(1, int(round(d * chan)))
+    rq = budget_r(d, chan)
     return {
         # name: (segment kwargs or None for Quest, token_frac)
+        # the library's defaults: 6-bit rows at the same bytes, S = min(r, d/4)
+        # with the remainder term, no drop
+        "mosaickv_q6": (dict(r=rq, drop=False, rotate=True, select="per_vector",
+                             value_bits=6, summary_channels=min(rq, d // 4)), frac),
+        "mosaickv_q6_channels_only": (dict(r=rq, drop=False, rotate=True,
+                                           select="per_vector", value_bits=6,
+                                           summary_channels=min(rq, d // 4)), 1.0),
         "mosaickv": (dict(r=r, drop=True, rotate=True, select="per_vector"), frac),
         "mosaickv_nodrop": (dict(r=r, drop=False, rotate=True, select="per_vector"), frac),
         "uniform": (dict(r=r, drop=False, rotate=False, select="per_vector"), frac),
@@ -130,7 +147,8 @@ def run(paths, seg, window, chan, frac, layers=None):
                     else:
                         ks = [mkv.Segment(k[i:min(i + seg, nh)], kind="key", **kw)
                               for i in range(0, nh, seg)]
-                        vs = [mkv.Segment(v[i:min(i + seg, nh)], kind="value", **kw)
+                        vkw = dict(kw, summary_channels=0)  # keys only
+                        vs = [mkv.Segment(v[i:min(i + seg, nh)], kind="value", **vkw)
                               for i in range(0, nh, seg)]
                         out, _ = mkv.attend_packed(q, ks, vs, k[nh:], v[nh:],
                                                    token_frac=tf)
