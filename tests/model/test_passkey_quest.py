@@ -21,6 +21,8 @@ TOKEN_FRAC = 0.1    # of the history, for both; sink block and window on top
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--examples", type=int, default=10)
+    ap.add_argument("--first", type=int, default=0,
+                    help="skip this many prompts (held-out sets: --first 10)")
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--needle", choices=["magic", "landmark"], default="magic",
                     help="the needle's phrasing (tests/model/common.py)")
@@ -41,7 +43,7 @@ def main():
         "quest": lambda: mhf.QuestCache(cfg, token_frac=TOKEN_FRAC),
     }
     solved = dict.fromkeys(caches, 0)
-    for i in range(a.examples):
+    for i in range(a.first, a.first + a.examples):
         ids, key = common.passkey(tok, a.tokens, seed=1000 + i, needle=a.needle)
         line = []
         for name, make in caches.items():
@@ -60,7 +62,7 @@ def main():
 
     n = a.examples
     print(" ".join(f"{k} {v}/{n}" for k, v in solved.items()))
-    print(f"RESULT name=passkey_vs_quest needle={a.needle} tokens={a.tokens} examples={n} r={r} value_bits=6 "
+    print(f"RESULT name=passkey_vs_quest needle={a.needle} tokens={a.tokens} first={a.first} examples={n} r={r} value_bits=6 "
           f"token_frac={TOKEN_FRAC} " + " ".join(f"{k}={v}" for k, v in solved.items()))
     if solved["full"] < 0.8 * n:
         print(f"FAIL: the full cache solves only {solved['full']}/{n}: the task set is broken")
