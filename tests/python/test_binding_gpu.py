@@ -54,11 +54,17 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def sequence_part():
+def sequence_part(defaults=False):
+    """r = d in bf16 rows, every block (near exact); with @defaults the
+    library's default compression (6-bit rows, 10% of the tokens), checked
+    against the CPU path only."""
     torch.manual_seed(1)
     H, G, d, n0, steps, layers = 3, 3, 64, 2500, 12, 2
     opts = dict(layers=layers, kv_heads=H, q_per_kv=G, d=d, r=d, token_frac=1.0,
-                window=64, prefill_segment=1024)
+                window=64, prefill_segment=1024, value_bits=0)
+    if defaults:
+        opts = dict(layers=layers, kv_heads=H, q_per_kv=G, d=d, window=64,
+                    prefill_segment=1024)
     dev_store = Store(gpu=torch.cuda.current_device(), hbm_bytes=64 << 20)
     cpu_store = Store(gpu=-1, hbm_bytes=64 << 20)
     sd = Sequence(dev_store, 11, **opts)
@@ -72,7 +78,7 @@ def sequence_part():
         sd.prefill(layer, k[layer, :, :n0], v[layer, :, :n0])     # device pointers
         sc.prefill(layer, k[layer, :, :n0].float().cpu().numpy(),
                    v[layer, :, :n0].float().cpu().numpy())
-    worst_exact = worst_twin = 0.0
+    worst_exact = worst_twin = sum_twin = 0.0
     on_cuda = True
     for t in range(n0, n0 + steps):
         for layer in range(layers):
@@ -86,13 +92,21 @@ def sequence_part():
             twin = torch.from_numpy(sc.attend(layer, q.cpu().numpy()))
             worst_exact = max(worst_exact, rel(out, ref))
             worst_twin = max(worst_twin, rel(out, twin))
+            sum_twin += rel(out, twin)
     torch.cuda.synchronize()
     st = sd.stats()
     check(on_cuda, "attend returns CUDA tensors")
     check(st["device_attends"] >= layers * steps,
           f"attends ran on the GPU ({st['device_attends']} device attends)")
-    check(worst_exact < 1e-2, f"GPU attend vs exact attention: worst rel err {worst_exact:.2e}")
-    check(worst_twin < 1e-2, f"GPU attend vs the CPU path: worst rel err {worst_twin:.2e}")
+    if defaults:
+        # the same blocks are selected but for near-ties of the scores
+        # (GPU and CPU sum them in different orders): the mean, not the worst
+        mean_twin = sum_twin / (layers * steps)
+        check(mean_twin < 1e-2, f"defaults: GPU attend vs the CPU path: mean rel err "
+              f"{mean_twin:.2e} (worst {worst_twin:.2e})")
+    else:
+        check(worst_exact < 1e-2, f"GPU attend vs exact attention: worst rel err {worst_exact:.2e}")
+        check(worst_twin < 1e-2, f"GPU attend vs the CPU path: worst rel err {worst_twin:.2e}")
     sd.close()
     sc.close()
     dev_store.close()
@@ -113,7 +127,7 @@ def model_part():
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(0, 512, (1, 1500), device="cuda")
     cache = mhf.MosaicCache(cfg, r=cfg.hidden_size // cfg.num_attention_heads,
-                            token_frac=1.0, window=64)
+                            token_frac=1.0, window=64, value_bits=0)
     dyn = DynamicCache(config=cfg)
     worst = 0.0
     with torch.no_grad():
@@ -134,6 +148,7 @@ def model_part():
 
 
 sequence_part()
+sequence_part(defaults=True)
 model_part()
 print(f"{failures} failures")
 sys.exit(1 if failures else 0)
