@@ -80,9 +80,8 @@ int run_pipeline(const struct demo_cfg *c)
 	o.prefill_segment = c->segment < 64 ? 64 : c->segment;
 	o.window = DEMO_WIN;
 	o.token_frac = c->tokens_frac;
-	o.r = (uint32_t)(c->channels * d + 0.5);
-	if (o.r < 1)
-		o.r = 1;
+	o.value_bits = c->value_bits;
+	o.r = demo_r(c->channels, d, d, c->value_bits);
 	o.min_segment = 64;
 	o.max_segment = 4096;
 	struct mkv_seq *s = NULL;
@@ -198,8 +197,8 @@ int run_pipeline(const struct demo_cfg *c)
 		used += sst.tier[t].used;
 
 	printf("\npipeline  %u layers x %u KV heads through mkv_seq_*: prefill %u tokens, decode %u; "
-	       "r=%u of %u, %.0f%% of tokens, store workers finalize decode segments\n",
-	       L, H, n0, T, o.r, d, 100 * c->tokens_frac);
+	       "r=%u of %u (%u-bit values), %.0f%% of tokens, store workers finalize decode segments\n",
+	       L, H, n0, T, o.r, d, o.value_bits ? o.value_bits : 16, 100 * c->tokens_frac);
 	printf("memory    dense bf16 %.1f MiB -> store %.1f MiB (%.3f of dense)\n",
 	       mib(dense), mib(used), (double)used / (double)dense);
 	static const char *tn[MKV_TIER_COUNT] = {"top (HBM role)", "pinned host", "NVMe"};

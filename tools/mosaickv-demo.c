@@ -35,8 +35,11 @@ static void usage(FILE *f)
 		"                    (default 65536)\n"
 		"  --segment N       tokens per compressed segment, 16..65536 (default 4096)\n"
 		"  --heads N         KV heads (default 4)\n"
-		"  --channels F      share of channels kept per vector, (0, 1] (default 0.25);\n"
-		"                    up to 0.75 the 25%% lowest-variance channels are dropped\n"
+		"  --channels F      per vector the bytes of this share of the channels in\n"
+		"                    bf16, (0, 1] (default 0.25); up to 0.75 the 25%%\n"
+		"                    lowest-variance channels are dropped\n"
+		"  --value-bits W    kept values as W-bit integers with a scale per vector,\n"
+		"                    4..8, or 0 for bf16 (default 6, the library's)\n"
 		"  --tokens-frac F   share of history tokens attended, (0, 1] (default 0.1)\n"
 		"  --seed S          synthetic data seed (default 1)\n"
 		"Then the whole decode path through the sequence API and a store:\n"
@@ -112,9 +115,7 @@ static int run(const struct demo_cfg *c)
 	const uint32_t hist = c->tokens - WIN;
 	const uint32_t nseg = (hist + c->segment - 1) / c->segment;
 	const uint32_t drop = c->channels <= 0.75 ? 1 : 0;
-	uint32_t r = (uint32_t)lround(c->channels * D);
-	if (r < 1)
-		r = 1;
+	const uint32_t r = demo_r(c->channels, D, drop ? D - D / 4 : D, c->value_bits);
 	struct synth_opts so;
 	synth_opts_default(&so);
 	so.n = c->tokens;
@@ -140,8 +141,10 @@ static int run(const struct demo_cfg *c)
 	       "synthetic LLM-like KV (seed %llu)\n",
 	       mkv_version(), c->tokens, c->heads, NQ, D, (unsigned long long)c->seed);
 	printf("  %u segments of up to %u tokens + %d dense recent tokens; keep %u of %d "
-	       "channels per vector%s; attend %.0f%% of tokens\n",
+	       "channels per vector as %s%s; attend %.0f%% of tokens\n",
 	       nseg, c->segment, WIN, r, D,
+	       c->value_bits ? (c->value_bits == 6 ? "6-bit integers" : "quantized integers")
+			     : "bf16",
 	       drop ? " (lowest-variance 25% dropped)" : "", 100 * c->tokens_frac);
 
 	struct synth_kv kv;
@@ -174,6 +177,8 @@ static int run(const struct demo_cfg *c)
 	ok.g = ov.g = 1;
 	ok.b = ov.b = 16;
 	ok.drop = ov.drop = drop;
+	ok.value_bits = ov.value_bits = c->value_bits;
+	ok.summary_channels = r < D / 4 ? r : D / 4; /* the sequence's default S */
 	ok.kind = MKV_KIND_KEY;
 	ov.kind = MKV_KIND_VALUE;
 	struct mkv_segment_bytes kb = { 0 }, vb = { 0 };
@@ -312,7 +317,7 @@ int main(int argc, char **argv)
 {
 	struct demo_cfg c = {
 		.tokens = 65536, .segment = 4096, .heads = 4,
-		.channels = 0.25, .tokens_frac = 0.1, .seed = 1,
+		.channels = 0.25, .tokens_frac = 0.1, .seed = 1, .value_bits = 6,
 		.layers = 2, .decode = 256, .hbm_frac = 0.25, .nvme_dir = NULL,
 	};
 	static const struct option lo[] = {
@@ -321,6 +326,7 @@ int main(int argc, char **argv)
 		{ "heads", required_argument, NULL, 'H' },
 		{ "channels", required_argument, NULL, 'c' },
 		{ "tokens-frac", required_argument, NULL, 'f' },
+		{ "value-bits", required_argument, NULL, 'B' },
 		{ "seed", required_argument, NULL, 'S' },
 		{ "layers", required_argument, NULL, 'L' },
 		{ "decode", required_argument, NULL, 'T' },
@@ -355,6 +361,10 @@ int main(int argc, char **argv)
 			break;
 		case 'f':
 			bad = parse_frac(optarg, &c.tokens_frac);
+			break;
+		case 'B':
+			bad = parse_u32(optarg, 0, 8, &c.value_bits) ||
+			      (c.value_bits && c.value_bits < 4);
 			break;
 		case 'S':
 			errno = 0;
