@@ -258,8 +258,11 @@ static int cmd_ls(struct mkv_store *s, const struct filter *f)
 		 * shape; other payloads are opaque bytes. */
 		if (mkv_store_get_segment(s, &ks.k[i], &g) == 0 &&
 		    mkv_segment_view(g, &v) == 0)
-			snprintf(shape, sizeof shape, "n=%u d=%u r=%u b=%u%s", v.n,
-				 v.d, v.r, v.b, v.d_keep < v.d ? " drop" : "");
+			snprintf(shape, sizeof shape, "n=%u d=%u r=%u b=%u%s%s", v.n,
+				 v.d, v.r, v.b, v.value_bits == 0 ? "" :
+				 v.value_bits == 4 ? " q4" : v.value_bits == 5 ? " q5" :
+				 v.value_bits == 6 ? " q6" : v.value_bits == 7 ? " q7" : " q8",
+				 v.d_keep < v.d ? " drop" : "");
 		mkv_segment_destroy(g);
 		printf("%-10" PRIu64 " %6u %5u %6u %4s %10" PRIu64 " %7u  %s\n",
 		       ks.k[i].seq, ks.k[i].layer, ks.k[i].head, ks.k[i].seg,
