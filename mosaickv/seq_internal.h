@@ -46,6 +46,11 @@ struct lh {
 	/* Raw float copies of tokens [raw_start, n). */
 	float *rawk, *rawv;
 	size_t raw_start, raw_cap;
+	/* The blocks the last CPU attend selected in final segments, the
+	 * predicted selection mkv_seq_prefetch hands the store: per entry a
+	 * segment id and a run of pred_blocks. */
+	uint32_t *pred_id, *pred_n, *pred_blocks;
+	size_t npred, pred_cap, npblocks, pblocks_cap;
 	uint32_t n;                 /* tokens held */
 	uint32_t next_id;
 };
@@ -72,6 +77,8 @@ struct mkv_seq {
 	pthread_cond_t cond;
 	struct done *done;           /* under lock */
 	uint32_t inflight;           /* under lock */
+	uint32_t tier_ops;           /* store moves and prefetches submitted
+				      * and not completed; under lock */
 	struct mkv_seq_stats st;
 	uint64_t step;
 };

@@ -189,7 +189,47 @@ static void lh_free(struct lh *l)
 	mkv_segstats_destroy(l->lv);
 	free(l->rawk);
 	free(l->rawv);
+	free(l->pred_id);
+	free(l->pred_n);
+	free(l->pred_blocks);
 	memset(l, 0, sizeof(*l));
+}
+
+/* Remember that the attend selected @n blocks of final segment @id.  The
+ * prediction is a hint: out of memory, it is dropped, never an error. */
+static void pred_record(struct lh *l, uint32_t id, const uint32_t *blocks,
+			uint32_t n)
+{
+	if (l->npred == l->pred_cap) {
+		size_t cap = l->pred_cap ? 2 * l->pred_cap : 8;
+		uint32_t *a = realloc(l->pred_id, cap * sizeof(*a));
+		if (a)
+			l->pred_id = a;
+		uint32_t *b = a ? realloc(l->pred_n, cap * sizeof(*b)) : NULL;
+		if (b)
+			l->pred_n = b;
+		if (!a || !b) {
+			l->npred = l->npblocks = 0;
+			return;
+		}
+		l->pred_cap = cap;
+	}
+	if (l->npblocks + n > l->pblocks_cap) {
+		size_t cap = l->pblocks_cap ? 2 * l->pblocks_cap : 64;
+		while (cap < l->npblocks + n)
+			cap *= 2;
+		uint32_t *c = realloc(l->pred_blocks, cap * sizeof(*c));
+		if (!c) {
+			l->npred = l->npblocks = 0;
+			return;
+		}
+		l->pred_blocks = c;
+		l->pblocks_cap = cap;
+	}
+	l->pred_id[l->npred] = id;
+	l->pred_n[l->npred++] = n;
+	memcpy(l->pred_blocks + l->npblocks, blocks, n * sizeof(*blocks));
+	l->npblocks += n;
 }
 
 int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
@@ -1212,6 +1252,7 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 				goto inner;
 			if ((rc = attn_select(&ao, qh, kp, m, mask)))
 				goto inner;
+			l->npred = l->npblocks = 0;
 			size_t ci = 0, wpos = 0, nreq = 0, nfetch = 0;
 			for (size_t i = 0; i < m; i++) {
 				const struct mkv_segment *K = &kv[2 * i], *V = &kv[2 * i + 1];
@@ -1220,6 +1261,8 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 				for (uint32_t j = 0; j < K->v.n_blocks; j++, ci++)
 					if (mask[ci])
 						blocks[wpos + src[i].n_sel++] = j;
+				if (src[i].n_sel && hp[i] && hp[i]->final)
+					pred_record(l, hp[i]->id, src[i].blocks, src[i].n_sel);
 				if (src[i].n_sel && hp[i] && hp[i]->final && !host_read) {
 					struct mkv_seg_key kk = seg_key(s, layer, h, hp[i]->id, MKV_KIND_KEY);
 					struct mkv_seg_key vk = seg_key(s, layer, h, hp[i]->id, MKV_KIND_VALUE);
@@ -1320,6 +1363,125 @@ int mkv_seq_attend_dev(struct mkv_seq *s, uint32_t layer, const float *q,
 }
 
 /* ---------------------------------------------------------------------- */
+/* Offload and prefetch: store operations the sequence waits for in sync
+ * and close (tier_ops), their failures counted in the stats. */
+
+static void tier_op_done(struct mkv_seq *s, uint64_t *failed, int status)
+{
+	pthread_mutex_lock(&s->lock);
+	if (status)
+		(*failed)++;
+	s->tier_ops--;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void offload_cb(void *arg, int status)
+{
+	struct mkv_seq *s = arg;
+	/* The segment was removed, or got there by another way: no failure. */
+	if (status == -ENOENT || status == -EALREADY)
+		status = 0;
+	tier_op_done(s, &s->st.offload_failed, status);
+}
+
+static void prefetch_cb(void *arg, int status)
+{
+	struct mkv_seq *s = arg;
+	tier_op_done(s, &s->st.prefetch_failed, status);
+}
+
+static void tier_op_begin(struct mkv_seq *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->tier_ops++;
+	pthread_mutex_unlock(&s->lock);
+}
+
+int mkv_seq_offload(struct mkv_seq *s, uint32_t layer)
+{
+	if (!s || layer >= s->o.layers)
+		return -EINVAL;
+	struct mkv_store_stats ss = {.size = sizeof ss};
+	if (mkv_store_get_stats(s->store, &ss) || ss.tier[MKV_TIER_HOST].capacity == 0)
+		return -EINVAL;
+	apply_done(s);
+	int moved = 0;
+	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+		struct lh *l = lh_of(s, layer, h);
+		for (size_t i = 0; i < l->nsegs; i++) {
+			if (!l->segs[i].final)
+				continue;
+			for (int kind = MKV_KIND_KEY; kind <= MKV_KIND_VALUE; kind++) {
+				struct mkv_seg_key k = seg_key(s, layer, h, l->segs[i].id,
+							       (enum mkv_kind)kind);
+				struct mkv_seg_info info;
+				if (mkv_store_info(s->store, &k, &info) ||
+				    info.tier != MKV_TIER_HBM || info.state != MKV_SEG_RESIDENT ||
+				    info.pins)
+					continue;
+				tier_op_begin(s);
+				int rc = mkv_store_move(s->store, &k, MKV_TIER_HOST, offload_cb, s);
+				if (rc) {
+					/* never submitted: no callback will come */
+					tier_op_done(s, &s->st.offload_failed,
+						     rc == -EBUSY || rc == -EALREADY ||
+						     rc == -ENOENT ? 0 : rc);
+					if (rc == -ENOMEM)
+						return moved ? moved : rc;
+					continue;
+				}
+				moved++;
+			}
+		}
+	}
+	pthread_mutex_lock(&s->lock);
+	s->st.offload_moves += (uint64_t)moved;
+	pthread_mutex_unlock(&s->lock);
+	return moved;
+}
+
+int mkv_seq_prefetch(struct mkv_seq *s, uint32_t layer)
+{
+	if (!s || layer >= s->o.layers)
+		return -EINVAL;
+	int asked = 0;
+	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+		struct lh *l = lh_of(s, layer, h);
+		if (!l->npred)
+			continue;
+		struct mkv_fetch_req *req = calloc(2 * l->npred, sizeof(*req));
+		if (!req)
+			return asked ? asked : -ENOMEM;
+		size_t off = 0, nb = 0;
+		for (size_t i = 0; i < l->npred; i++) {
+			for (int kind = MKV_KIND_KEY; kind <= MKV_KIND_VALUE; kind++)
+				req[2 * i + (size_t)kind] = (struct mkv_fetch_req){
+					.key = seg_key(s, layer, h, l->pred_id[i], (enum mkv_kind)kind),
+					.blocks = l->pred_blocks + off, .n_blocks = l->pred_n[i]};
+			off += l->pred_n[i];
+			nb += 2 * (size_t)l->pred_n[i];
+		}
+		tier_op_begin(s);
+		/* The store copies the requests; the next attend is step + 1. */
+		int rc = mkv_store_prefetch(s->store, req, 2 * l->npred, s->step + 1,
+					    prefetch_cb, s);
+		free(req);
+		if (rc) {
+			tier_op_done(s, &s->st.prefetch_failed, rc);
+			if (rc == -ENOMEM)
+				return asked ? asked : rc;
+			continue;
+		}
+		asked += (int)nb;
+	}
+	pthread_mutex_lock(&s->lock);
+	s->st.prefetch_blocks += (uint64_t)asked;
+	pthread_mutex_unlock(&s->lock);
+	return asked;
+}
+
+/* ---------------------------------------------------------------------- */
 
 int mkv_seq_flush(struct mkv_seq *s, uint32_t layer)
 {
@@ -1353,17 +1515,22 @@ int mkv_seq_sync(struct mkv_seq *s)
 	if (!s)
 		return -EINVAL;
 	pthread_mutex_lock(&s->lock);
-	while (s->inflight)
+	while (s->inflight || s->tier_ops)
 		pthread_cond_wait(&s->cond, &s->lock);
 	pthread_mutex_unlock(&s->lock);
 	apply_done(s);
 	return 0;
 }
 
-int mkv_seq_get_stats(struct mkv_seq *s, struct mkv_seq_stats *st)
+/* Version 1 of the stats ended at device_attends. */
+#define SEQ_STATS_V1 (offsetof(struct mkv_seq_stats, device_attends) + sizeof(uint64_t))
+
+int mkv_seq_get_stats(struct mkv_seq *s, struct mkv_seq_stats *out)
 {
-	if (!s || !st || st->size != sizeof(*st))
+	if (!s || !out || !mkv_opts_size_ok(out->size, SEQ_STATS_V1, sizeof(*out)))
 		return -EINVAL;
+	size_t size = out->size;
+	struct mkv_seq_stats full, *st = &full;
 	lag_update(s);
 	uint64_t fin = 0, pend = 0;
 	for (size_t i = 0; i < (size_t)s->o.layers * s->o.kv_heads; i++)
@@ -1383,6 +1550,8 @@ int mkv_seq_get_stats(struct mkv_seq *s, struct mkv_seq_stats *st)
 	st->on_device = s->gpu != NULL;
 	st->device_bytes = seqgpu_bytes(s->gpu);
 	st->device_upload_failed = seqgpu_upload_failed(s->gpu);
+	st->size = size;
+	memcpy(out, st, size);
 	return 0;
 }
 

@@ -238,6 +238,35 @@ MKV_API int mkv_seq_attend_dev(struct mkv_seq *s, uint32_t layer,
 MKV_API int mkv_seq_flush(struct mkv_seq *s, uint32_t layer);
 
 /*
+ * Layer offload, the way an engine's offloaded cache keeps only the layer
+ * it computes in device memory, mapped onto the store's tiers.
+ *
+ * mkv_seq_offload asks the store to move @layer's final segments that sit
+ * in the top tier down to pinned host memory (mkv_store_move, run by the
+ * store's workers).  Decode attention then fetches only the blocks it
+ * selects from there.  Segments not yet final (the prefill segments being
+ * encoded, pending and open decode segments) are the sequence's own and
+ * stay where they are; pinned or moving segments are skipped.  Returns the
+ * number of moves submitted (0 when there is nothing to move), or -EINVAL
+ * (NULL, bad layer, or the store has no host tier), -ENOMEM.  A move that
+ * fails leaves its segment where it was (counted in offload_failed).
+ *
+ * mkv_seq_prefetch asks the store to bring into its top tier, ahead of
+ * @layer's next attend, the blocks @layer's last attend selected in final
+ * segments (mkv_store_prefetch: the predicted selection; where the policy
+ * admits them they are copied into the HBM hot-block cache).  Only the CPU
+ * attend path (mkv_seq_attend without a stream) records selections: a
+ * sequence that attends on the GPU reads its own device copies and has
+ * nothing to prefetch.  Returns the number of blocks asked for (K and V
+ * counted apart; 0 when there is no prediction), or -EINVAL, -ENOMEM.
+ *
+ * Both return at once; mkv_seq_sync() and mkv_seq_close() wait for what
+ * they submitted.  Caller thread, as the rest of a sequence's calls.
+ */
+MKV_API int mkv_seq_offload(struct mkv_seq *s, uint32_t layer);
+MKV_API int mkv_seq_prefetch(struct mkv_seq *s, uint32_t layer);
+
+/*
  * Wait until every finalization queued for @s has finished, then publish
  * the finished ones (the swap).  Returns 0, or -EINVAL.
  */
@@ -267,9 +296,16 @@ struct mkv_seq_stats {
 	uint64_t device_upload_failed; /* final segments whose upload failed
 	                                * (read back from the store later) */
 	uint64_t device_attends;    /* attends run on the GPU */
+	/* Version 2 of this struct (a version-1 caller passes its size and
+	 * gets the fields it knows). */
+	uint64_t offload_moves;     /* segment moves mkv_seq_offload submitted */
+	uint64_t offload_failed;    /* of those, failed (the segment stayed) */
+	uint64_t prefetch_blocks;   /* blocks mkv_seq_prefetch asked for */
+	uint64_t prefetch_failed;   /* prefetch requests that failed */
 };
 
-/* Fill *@st (st->size set by the caller).  Returns 0 or -EINVAL. */
+/* Fill *@st (st->size set by the caller: this version's size or an
+ * earlier one's).  Returns 0 or -EINVAL. */
 MKV_API int mkv_seq_get_stats(struct mkv_seq *s, struct mkv_seq_stats *st);
 
 #ifdef __cplusplus

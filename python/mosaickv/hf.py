@@ -93,10 +93,18 @@ class MosaicLayer(CacheLayerMixin):
         return -1
 
     def offload(self):
-        pass  # the store's tiers do it
+        """The layer's final segments leave the store's top tier for pinned
+        host memory; its attention then fetches only the blocks it selects
+        (mkv_seq_offload).  transformers calls this after the layer's update
+        when the cache was made with offloading=True."""
+        if self.cache.seq is not None and self.n:
+            self.cache.seq.offload(self.layer_idx)
 
     def prefetch(self):
-        pass
+        """The blocks this layer's last attention selected come back into
+        the store's top tier ahead of its next one (mkv_seq_prefetch)."""
+        if self.cache.seq is not None and self.n:
+            self.cache.seq.prefetch(self.layer_idx)
 
     def reset(self):
         raise NotImplementedError("MosaicCache cannot be reset; make a new one")
@@ -114,9 +122,14 @@ class MosaicCache(Cache):
     device if they are on one (hbm_bytes sizes its top tier there), in
     host memory otherwise."""
 
-    def __init__(self, config, *, store=None, hbm_bytes=256 << 20, **seq_opts):
+    def __init__(self, config, *, store=None, hbm_bytes=256 << 20, offloading=False,
+                 **seq_opts):
         n_layers = config.num_hidden_layers
-        super().__init__(layers=[MosaicLayer(self, i) for i in range(n_layers)])
+        # offloading: transformers then prefetches layer i + 1 before layer
+        # i's update and offloads layer i after it (its CUDA streams: GPU
+        # models only); MosaicLayer maps both onto the store's tiers.
+        super().__init__(layers=[MosaicLayer(self, i) for i in range(n_layers)],
+                         offloading=offloading)
         self.config = config
         self.kv_heads = config.num_key_value_heads
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads

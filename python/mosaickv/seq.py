@@ -51,7 +51,9 @@ class SeqStats(C.Structure):
                 ("segments_pending", C.c_uint64), ("fetch_bytes_last", C.c_uint64),
                 ("fetch_bytes_total", C.c_uint64), ("attend_bytes_last", C.c_uint64),
                 ("on_device", C.c_uint32), ("device_bytes", C.c_uint64),
-                ("device_upload_failed", C.c_uint64), ("device_attends", C.c_uint64)]
+                ("device_upload_failed", C.c_uint64), ("device_attends", C.c_uint64),
+                ("offload_moves", C.c_uint64), ("offload_failed", C.c_uint64),
+                ("prefetch_blocks", C.c_uint64), ("prefetch_failed", C.c_uint64)]
 
 
 P, I, SZ, U32 = C.c_void_p, C.c_int, C.c_size_t, C.c_uint32
@@ -68,6 +70,8 @@ for _name, _res, _args in [
         ("mkv_seq_attend", I, [P, U32, P, P, P]),
         ("mkv_seq_attend_dev", I, [P, U32, P, P, P]),
         ("mkv_seq_flush", I, [P, U32]),
+        ("mkv_seq_offload", I, [P, U32]),
+        ("mkv_seq_prefetch", I, [P, U32]),
         ("mkv_seq_sync", I, [P]),
         ("mkv_seq_get_stats", I, [P, C.POINTER(SeqStats)])]:
     _fn = getattr(_L, _name)
@@ -238,6 +242,18 @@ class Sequence:
 
     def sync(self):
         _check(_L.mkv_seq_sync(self._h), "sync")
+
+    def offload(self, layer):
+        """Move the layer's final segments from the store's top tier to
+        pinned host memory (asynchronous; mkv_seq_offload).  Returns the
+        number of moves submitted."""
+        return _check(_L.mkv_seq_offload(self._h, layer), "offload")
+
+    def prefetch(self, layer):
+        """Ask the store to bring the blocks the layer's last attend
+        selected back into its top tier ahead of the next one
+        (asynchronous; mkv_seq_prefetch).  Returns the blocks asked for."""
+        return _check(_L.mkv_seq_prefetch(self._h, layer), "prefetch")
 
     def stats(self):
         st = SeqStats()

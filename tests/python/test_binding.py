@@ -89,6 +89,38 @@ def main():
     check(stats["swaps"] > 0, "sequence swapped")
     seq.close()
     st.close()
+    # Offload and prefetch at the default compression: the offloaded
+    # layer attends to the same output from pinned host memory, and the
+    # prefetched selection is read from the top tier again.
+    st = Store(gpu=-1, hbm_bytes=16 << 20, host_bytes=64 << 20)
+    seq = Sequence(st, 78, layers=2, kv_heads=H, q_per_kv=G, d=d, prefill_segment=256)
+    n1 = 1024
+    k = rng.standard_normal((2, H, n1, d)).astype(np.float32)
+    v = rng.standard_normal((2, H, n1, d)).astype(np.float32)
+    for layer in range(2):
+        seq.prefill(layer, k[layer], v[layer])
+    seq.sync()
+    q = rng.standard_normal((H * G, d)).astype(np.float32)
+    before = seq.attend(0, q)
+    moved = seq.offload(0)
+    seq.sync()
+    after = seq.attend(0, q)
+    s1 = seq.stats()
+    check(moved > 0 and s1["offload_moves"] == moved and s1["offload_failed"] == 0,
+          f"offload moved {moved} segments")
+    check(np.array_equal(before, after) and s1["fetch_bytes_last"] > 0,
+          "offloaded layer: same output, blocks fetched from the host tier")
+    asked = seq.prefetch(0)
+    seq.sync()
+    again = seq.attend(0, q)
+    s2 = seq.stats()
+    check(asked > 0 and s2["prefetch_blocks"] == asked and s2["prefetch_failed"] == 0,
+          f"prefetch asked for {asked} blocks")
+    check(np.array_equal(before, again) and s2["fetch_bytes_last"] < s1["fetch_bytes_last"],
+          f"prefetched: same output, {s2['fetch_bytes_last']} bytes from below "
+          f"(before {s1['fetch_bytes_last']})")
+    seq.close()
+    st.close()
     try:
         mkv.Segment(np.full((10, 64), np.nan, dtype=np.float32))
         check(False, "NaN accepted")

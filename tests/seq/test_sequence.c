@@ -391,6 +391,118 @@ static void swap_not_worse(uint32_t value_bits)
 Test(sequence, swap_not_worse_on_drifting_data, .timeout = 120) { swap_not_worse(0); }
 Test(sequence, swap_not_worse_quantized_default, .timeout = 120) { swap_not_worse(6); }
 
+/* Offload moves a layer's final segments to pinned host memory and
+ * attention reads the same bytes from there; prefetch of the last
+ * selection brings those blocks back into the top tier's hot cache. */
+static void attend_out(struct mkv_seq *s, uint32_t layer, const float *q, float *out)
+{
+	int rc = mkv_seq_attend(s, layer, q, out, NULL);
+	cr_assert_eq(rc, 0, "attend: %s", mkv_strerror(rc));
+}
+
+Test(sequence, offload_and_prefetch_map_onto_the_tiers, .timeout = 120)
+{
+	const uint32_t L = 2, H = 2, G = 2, d = 64, n0 = 1024;
+	uint64_t rng = fresh_seed();
+	struct mkv_store_opts so;
+	mkv_store_opts_init(&so, sizeof so);
+	so.gpu = -1;
+	so.hbm_bytes = (size_t)64 << 20;
+	so.host_bytes = (size_t)64 << 20;
+	so.workers = 2;
+	so.hot_fraction = 0.5;
+	struct mkv_store *st = NULL;
+	cr_assert_eq(mkv_store_create(&so, &st), 0);
+	struct mkv_seq_opts o;
+	mkv_seq_opts_init(&o, sizeof o); /* the serving defaults */
+	o.layers = L, o.kv_heads = H, o.q_per_kv = G, o.d = d;
+	o.prefill_segment = 256;
+	struct mkv_seq *s;
+	cr_assert_eq(mkv_seq_open(st, &o, 21, &s), 0);
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0);
+	fill_random(&t, 0, n0, &rng);
+	prefill_all(s, &t, n0);
+	cr_assert_eq(mkv_seq_sync(s), 0);
+	float q[2 * 2 * 64], o1[2 * 2 * 64], o2[2 * 2 * 64], o3[2 * 2 * 64];
+	for (size_t i = 0; i < sizeof q / sizeof *q; i++)
+		q[i] = 0.3f * rng_normal(&rng);
+
+	struct mkv_seq_stats ss = {.size = sizeof ss};
+	attend_out(s, 0, q, o1);
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(ss.fetch_bytes_last, 0, "all in the top tier: nothing fetched from below");
+	uint64_t nfinal = ss.segments_final; /* both layers */
+	cr_assert(nfinal >= 2 * H * 3, "final segments %llu", (unsigned long long)nfinal);
+
+	/* Offload layer 0: every final K and V segment of it moves. */
+	int moved = mkv_seq_offload(s, 0);
+	cr_assert_eq(moved, (int)nfinal, "moves %d, want %llu (K and V of layer 0's %llu)",
+		     moved, (unsigned long long)nfinal, (unsigned long long)nfinal / 2);
+	cr_assert_eq(mkv_seq_sync(s), 0);
+	for (uint32_t layer = 0; layer < L; layer++)
+		for (uint32_t h = 0; h < H; h++)
+			for (uint32_t id = 0; id < n0 / 256; id++)
+				for (uint32_t kind = 0; kind < 2; kind++) {
+					struct mkv_seg_key k = {.seq = 21, .layer = layer, .head = h,
+								.seg = id, .kind = kind};
+					struct mkv_seg_info info;
+					if (mkv_store_info(st, &k, &info))
+						continue; /* the last one may be the open segment */
+					cr_assert_eq(info.tier, layer == 0 ? MKV_TIER_HOST : MKV_TIER_HBM,
+						     "layer %u head %u seg %u: tier %d", layer, h, id,
+						     info.tier);
+				}
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(ss.offload_moves, (uint64_t)moved);
+	cr_assert_eq(ss.offload_failed, 0);
+	cr_assert_eq(mkv_seq_offload(s, 0), 0, "nothing left to move");
+
+	/* The same attention, now read from pinned host memory. */
+	attend_out(s, 0, q, o2);
+	cr_assert(memcmp(o1, o2, sizeof o1) == 0, "offloaded layer attends differently");
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	uint64_t from_below = ss.fetch_bytes_last;
+	cr_assert(from_below > 0, "selected blocks should come from the host tier");
+
+	/* Prefetch the selection just made: the store caches the blocks in
+	 * the top tier, and the same query then reads less from below. */
+	int asked = mkv_seq_prefetch(s, 0);
+	cr_assert(asked > 0, "prefetch asked for %d blocks", asked);
+	cr_assert_eq(mkv_seq_sync(s), 0);
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(ss.prefetch_blocks, (uint64_t)asked);
+	cr_assert_eq(ss.prefetch_failed, 0);
+	attend_out(s, 0, q, o3);
+	cr_assert(memcmp(o1, o3, sizeof o1) == 0, "prefetched blocks attend differently");
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert(ss.fetch_bytes_last < from_below,
+		  "after the prefetch %llu bytes came from below, before %llu",
+		  (unsigned long long)ss.fetch_bytes_last, (unsigned long long)from_below);
+	/* A layer that never attended has no prediction. */
+	cr_assert_eq(mkv_seq_prefetch(s, 1), 0);
+
+	cr_assert_eq(mkv_seq_offload(s, L), -EINVAL);
+	cr_assert_eq(mkv_seq_prefetch(s, L), -EINVAL);
+	cr_assert_eq(mkv_seq_offload(NULL, 0), -EINVAL);
+	cr_assert_eq(mkv_seq_prefetch(NULL, 0), -EINVAL);
+	/* A caller of version 1 of the stats gets what it knows. */
+	struct mkv_seq_stats v1;
+	memset(&v1, 0x5a, sizeof v1);
+	v1.size = offsetof(struct mkv_seq_stats, device_attends) + sizeof(uint64_t);
+	cr_assert_eq(mkv_seq_get_stats(s, &v1), 0);
+	cr_assert_eq(v1.offload_moves, 0x5a5a5a5a5a5a5a5aull, "wrote past a version-1 struct");
+	v1.size = 8;
+	cr_assert_eq(mkv_seq_get_stats(s, &v1), -EINVAL);
+
+	/* Moves in flight when the sequence closes are waited for. */
+	cr_assert(mkv_seq_offload(s, 1) > 0);
+	cr_assert_eq(mkv_seq_close(s), 0);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
+
 /* The formats a sequence encodes with: the serving defaults (r = 0 ->
  * 40 of 64 in 6-bit rows, S = min(r, d/4)), an explicit S, and a caller
  * of version 1 of the options (bf16 element rows, S = r). */
