@@ -12,7 +12,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--examples", type=int, default=10)
-    ap.add_argument("--channels", type=float, default=0.25)
+    ap.add_argument("--channels", type=float, default=0.25,
+                    help="mosaickv's budget: the bytes of this share of the channels "
+                         "in bf16 per vector (caches.budget_r)")
+    ap.add_argument("--value-bits", type=int, default=6,
+                    help="mosaickv's value rows: 4..8 bits, or 0 for bf16 with "
+                         "r = channels * d")
     ap.add_argument("--tokens-frac", type=float, default=0.1)
     ap.add_argument("--drop", action="store_true")
     ap.add_argument("--methods", default="full,mosaickv,quest",
@@ -21,13 +26,15 @@ def main():
     import mosaickv.hf as mhf
     from transformers import DynamicCache
 
+    import caches
     import model as M
     import tasks
 
     model, tok = M.load(attn_implementation="mosaickv")
     cfg = model.config
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    r = max(1, int(round(d * a.channels)))
+    r = (caches.budget_r(d, a.channels, a.value_bits) if a.value_bits
+         else max(1, int(round(d * a.channels))))
     methods = a.methods.split(",")
     solved = {m: 0 for m in methods}
     for i in range(a.examples):
@@ -35,7 +42,8 @@ def main():
         ids = tok(prompt, return_tensors="pt").input_ids
         make = {
             "full": lambda: DynamicCache(config=cfg),
-            "mosaickv": lambda: mhf.MosaicCache(cfg, r=r, drop=a.drop, token_frac=a.tokens_frac),
+            "mosaickv": lambda: mhf.MosaicCache(cfg, r=r, drop=a.drop, token_frac=a.tokens_frac,
+                                                value_bits=a.value_bits),
             "quest": lambda: mhf.QuestCache(cfg, token_frac=a.tokens_frac),
         }
         line = []
@@ -53,7 +61,8 @@ def main():
         print(f"example {i}: {ids.shape[1]} tokens, answer {answer}: " + " ".join(line), flush=True)
     n = a.examples
     print(" ".join(f"{k} {v}/{n}" for k, v in solved.items()))
-    print(f"RESULT name=passkey tokens={a.tokens} examples={n} r={r} token_frac={a.tokens_frac} "
+    print(f"RESULT name=passkey tokens={a.tokens} examples={n} r={r} "
+          f"value_bits={a.value_bits} token_frac={a.tokens_frac} "
           + " ".join(f"{k}={v}" for k, v in solved.items()))
     return 0
 
