@@ -125,6 +125,12 @@ static int f_packed_cc(const struct gpu_attn_args *a, const void *h, cudaStream_
 	b.flags |= GPU_ATTN_CUDA_CORES;
 	return gpu_attend_packed(&b, h, s);
 }
+static int f_packed_sc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SCATTER;
+	return gpu_attend_packed(&b, h, s);
+}
 static int f_packed_ss(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return gpu_score_select(a, h, s);
@@ -580,10 +586,10 @@ int main(int argc, char **argv)
 	RC(gpu_attn_ws_init(&amax, st));
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s\n",
+	       "%9s | %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
-	       "ours_q6");
+	       "ours_q6", "ours_sc", "q6_sc");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
@@ -601,23 +607,30 @@ int main(int argc, char **argv)
 				RC(f_packed(&a, dheads, st));
 				RC(f_quest(&a, ddense, st));
 				RC(f_dense(&a, ddense, st));
+				make_heads(&s, H, L, dsegs, dheads, ddense, 1);
+				RC(f_packed(&a, dheads, st)); /* ours_q6 */
+				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				CK(cudaStreamSynchronize(st));
 				continue;
 			}
 			cudaGraphExec_t g_p = capture(f_packed, &a, dheads);
 			cudaGraphExec_t g_ps = capture(f_packed_ss, &a, dheads);
 			cudaGraphExec_t g_pc = capture(f_packed_cc, &a, dheads);
+			cudaGraphExec_t g_psc = capture(f_packed_sc, &a, dheads);
 			cudaGraphExec_t g_q = capture(f_quest, &a, ddense);
 			cudaGraphExec_t g_qs = capture(f_quest_ss, &a, ddense);
 			cudaGraphExec_t g_d = capture(f_dense, &a, ddense);
 			double t_p = time_graph(g_p, 1), t_ps = time_graph(g_ps, 1);
 			double t_q = time_graph(g_q, 1), t_qs = time_graph(g_qs, 1);
 			double t_d = time_graph(g_d, 1), t_pc = time_graph(g_pc, 1);
+			double t_psc = time_graph(g_psc, 1);
 			/* the serving format's rows (same bytes, 2.5x the values) */
 			make_heads(&s, H, L, dsegs, dheads, ddense, 1);
 			cudaGraphExec_t g_pq = capture(f_packed, &a, dheads);
-			double t_pq = time_graph(g_pq, 1);
+			cudaGraphExec_t g_pqs = capture(f_packed_sc, &a, dheads);
+			double t_pq = time_graph(g_pq, 1), t_pqs = time_graph(g_pqs, 1);
 			cudaGraphExecDestroy(g_pq);
+			cudaGraphExecDestroy(g_pqs);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			/* bytes the packed step must read: summaries, both rotations of
 			 * every segment, the selected blocks' packed K and V, the window */
@@ -635,9 +648,10 @@ int main(int argc, char **argv)
 			double sd = sdpa_of(B, L);
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
-			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f\n",
+			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
-			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq);
+			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
+			       t_pqs);
 			fflush(stdout);
 			if (B == 1 && L == 1048576) {
 				r_dense1m = t_d / t_p;
@@ -651,6 +665,7 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_p);
 			cudaGraphExecDestroy(g_ps);
 			cudaGraphExecDestroy(g_pc);
+			cudaGraphExecDestroy(g_psc);
 			cudaGraphExecDestroy(g_q);
 			cudaGraphExecDestroy(g_qs);
 			cudaGraphExecDestroy(g_d);
@@ -660,7 +675,8 @@ int main(int argc, char **argv)
 	       "cores only; oscore / qscore = score+select stages alone; x_dense = dense/ours, "
 	       "x_sdpa = torch SDPA/ours, x_quest = quest/ours, x_score = qscore/oscore; d/sdpa = our "
 	       "dense / torch SDPA; bwfrac = bytes the packed step must read / time / device copy "
-	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes)\n", RQ);
+	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_sc, q6_sc = ours, "
+	       "ours_q6 by the per-value set-bit scatter, GPU_ATTN_SCATTER)\n", RQ);
 
 	if (once)
 		return 0;

@@ -1627,7 +1627,10 @@ __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *head
 
 struct tc_warp_tiles {
 	__half k[16 * TK_LD];
-	__half v[GPU_MAX_D * TV_LD];
+	union {
+		__half v[GPU_MAX_D * TV_LD]; /* V̂ᵀ [channel][token] (tc_sub) */
+		__half vr[16 * TK_LD];       /* V̂ [token][channel] (tc_sub_g1) */
+	};
 };
 
 struct tc_smem {
@@ -1640,6 +1643,8 @@ struct tc_smem {
 		};
 	};
 	float orot[8 * GPU_MAX_D];
+	uint4 qf[4][32]; /* Q' A fragments, [ks / 2][lane] (read per sub-block:
+			  * 16 fewer registers live across the loop) */
 };
 
 __device__ __forceinline__ uint32_t h2pack(float lo, float hi)
@@ -1834,6 +1839,19 @@ __device__ __forceinline__ void scatter_any(const uint4 *vp, const uint4 (&pre)[
 	}
 }
 
+__device__ __forceinline__ void load_qa(const uint4 (&qf)[4][32], uint32_t (&qa)[8][2])
+{
+	int lane = threadIdx.x & 31;
+#pragma unroll
+	for (int k2 = 0; k2 < 4; k2++) {
+		uint4 u = qf[k2][lane];
+		qa[2 * k2][0] = u.x;
+		qa[2 * k2][1] = u.y;
+		qa[2 * k2 + 1][0] = u.z;
+		qa[2 * k2 + 1][1] = u.w;
+	}
+}
+
 template <int NQ>
 struct tcstate {
 	float m, l;         /* head g = lane / 4 (rows >= NQ are padding) */
@@ -1934,54 +1952,232 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 	__syncwarp();
 }
 
+/*
+ * g == 1 on both halves and at least half the channels stored (the
+ * serving formats, r = 5d/8): a channel-major walk instead of the
+ * per-value set-bit iterator.  Lane = token (lane % 16) ×
+ * half (lane / 16: K, V); a lane owns its token's whole row of the K̂ or
+ * V̂ tile, both [token][channel] here.  It first writes the vector's r
+ * stored values, decoded to fp16, contiguously at the row's start
+ * (16-byte stores), then expands the row in place from the top channel
+ * down: channel c takes the value at the count of set bits below it, or
+ * zero.  That count never exceeds c and only channels above c were
+ * written before, so every value is read before it is overwritten; a group
+ * of 8 channels reads all its values before its one 16-byte store.  Per
+ * channel: a predicate from the bitmap (R2P sets seven at once), a
+ * predicated pointer step and a predicated 16-bit shared load, ~3.5
+ * instructions with the packing (the scatter: a 64-bit find-first-set and
+ * its bookkeeping per stored value, ~20 instructions).  The expansion
+ * writes the zeros too, so the tiles need no clearing, and V̂ fragments
+ * come by ldmatrix.trans.  Rows of tokens past the sub-block's end are
+ * expanded from an empty bitmap (zeros: p = 0 must not meet a NaN).
+ */
+__device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w)
+{
+	asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(x), "r"(y), "r"(z),
+		     "r"(w)
+		     : "memory");
+}
+
+/* 8 bf16 values as 8 fp16 (exact for |x| < 65504, as __float2half_rn) */
+__device__ __forceinline__ uint4 bf8_to_h8(uint4 u)
+{
+	float x[8];
+	unpack8(u, x);
+	return make_uint4(h2pack(x[0], x[1]), h2pack(x[2], x[3]), h2pack(x[4], x[5]),
+			  h2pack(x[6], x[7]));
+}
+
+/* Group m's 8 fields (w bits each, in x from bit 0) as field × scale. */
+template <int WC>
+__device__ __forceinline__ uint4 q8_to_h8(uint64_t x, uint32_t wr, __half2 s2)
+{
+	const uint32_t w = WC ? (uint32_t)WC : wr, mask = (1u << w) - 1u;
+	const uint32_t bb = 0x6400u | (1u << (w - 1));
+	const __half2 bias = __halves2half2(__ushort_as_half((uint16_t)bb),
+					    __ushort_as_half((uint16_t)bb));
+	uint32_t o[4];
+#pragma unroll
+	for (int e = 0; e < 4; e++) {
+		uint32_t u0 = (uint32_t)(x >> (2 * e * w)) & mask;
+		uint32_t u1 = (uint32_t)(x >> ((2 * e + 1) * w)) & mask;
+		uint32_t pr = 0x64006400u | u0 | (u1 << 16);
+		__half2 h = __hmul2(__hsub2(*(const __half2 *)&pr, bias), s2);
+		o[e] = *(uint32_t *)&h;
+	}
+	return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/* The r values of a row, decoded to fp16, at shared address @dst (16-byte
+ * groups; the last may run past r: never read as a value).  One group per
+ * iteration, not unrolled: the kernel is at its register limit. */
+__device__ __forceinline__ void g1_compact(const uint16_t *rowp, uint32_t r, uint32_t vb,
+					   uint32_t dst)
+{
+	const uint32_t ng = (r + 7) >> 3;
+	const uint32_t *row = (const uint32_t *)rowp;
+	const __half2 s2 = __float2half2_rn(vb ? qscale(row) : 0.0f);
+	for (uint32_t m = 0; m < ng; m++) {
+		uint4 h;
+		if (vb == 0)
+			h = bf8_to_h8(__ldg((const uint4 *)rowp + m));
+		else if (vb == 6) /* the serving width: immediate shifts */
+			h = q8_to_h8<6>(qgroup(row, 6, m), 6, s2);
+		else
+			h = q8_to_h8<0>(qgroup(row, vb, m), vb, s2);
+		sts128(dst + 16 * m, h.x, h.y, h.z, h.w);
+	}
+}
+
+/* One channel of the walk: if @wd has bit @bit, step @p back to the next
+ * value and load it, else 0 (a predicate, a predicated add and a
+ * predicated load: no select). */
+__device__ __forceinline__ uint32_t expand_step(uint32_t wd, uint32_t bit, uint32_t &p)
+{
+	uint32_t v;
+	asm volatile("{\n\t.reg .pred q;\n\t.reg .b32 t;\n\t"
+		     "and.b32 t, %2, %3;\n\t"
+		     "setp.ne.u32 q, t, 0;\n\t"
+		     "@q sub.u32 %1, %1, 2;\n\t"
+		     "mov.u32 %0, 0;\n\t"
+		     "@q ld.shared.u16 %0, [%1];\n\t}"
+		     : "=r"(v), "+r"(p)
+		     : "r"(wd), "r"(bit));
+	return v;
+}
+
+/* Expand the r compact values at @row in place to channels [0, nch)
+ * (nch a multiple of 16) by the bitmap @bm (no bits at or above nch). */
+template <int D>
+__device__ __forceinline__ void g1_expand(uint32_t row, const uint32_t (&bm)[4], uint32_t r,
+					  uint32_t nch)
+{
+	uint32_t p = row + 2 * r; /* one past the next value to place */
+#pragma unroll
+	for (int gi = D / 8 - 1; gi >= 0; gi--) {
+		if ((uint32_t)gi * 8 >= nch)
+			continue;
+		const uint32_t wd = bm[gi >> 2];
+		uint32_t v[8];
+#pragma unroll
+		for (int e = 7; e >= 0; e--)
+			v[e] = expand_step(wd, 1u << ((gi & 3) * 8 + e), p);
+		sts128(row + 16 * gi, __byte_perm(v[0], v[1], 0x5410), __byte_perm(v[2], v[3], 0x5410),
+		       __byte_perm(v[4], v[5], 0x5410), __byte_perm(v[6], v[7], 0x5410));
+	}
+}
+
 template <int NQ, int D>
-__global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head *heads,
-							const float *q, float scale2, char *ws,
-							struct ws_layout L)
+__device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0, int nt,
+					  const uint4 (&qf)[4][32], struct tc_warp_tiles &T,
+					  tcstate<NQ> &st)
+{
+	int lane = threadIdx.x & 31, t = lane & 15, kv = lane >> 4;
+	int g = lane >> 2, tig = lane & 3;
+	bool valid = t < nt;
+	uint32_t tok = t0 + t;
+	const uint16_t *val = kv ? sg.v_val : sg.k_val;
+	const uint32_t *bmp = kv ? sg.v_bm : sg.k_bm;
+	uint32_t rs = kv ? sg.v_rs : sg.k_rs, bw = kv ? sg.v_bw : sg.k_bw;
+	uint32_t dk = kv ? sg.v_dk : sg.k_dk, vb = kv ? sg.v_vb : sg.k_vb;
+	uint32_t r = valid ? (kv ? sg.v_r : sg.k_r) : 0u;
+	uint32_t nch = (dk + 15) & ~15u;
+	uint32_t bm[4] = {0u, 0u, 0u, 0u};
+	if (valid) {
+		const uint32_t *b = bmp + (size_t)tok * bw;
+#pragma unroll
+		for (int i = 0; i < D / 32; i++) {
+			uint32_t x = (uint32_t)i < bw ? __ldg(b + i) : 0u;
+			uint32_t lo = 32u * i;
+			bm[i] = dk >= lo + 32 ? x : dk > lo ? x & ((1u << (dk - lo)) - 1u) : 0u;
+		}
+	}
+	const uint32_t row =
+		(uint32_t)__cvta_generic_to_shared((kv ? T.vr : T.k) + t * TK_LD);
+	if (valid)
+		g1_compact(val + (size_t)tok * rs, r, vb, row);
+	g1_expand<D>(row, bm, r, nch);
+	__syncwarp();
+	/* S = Q' K̂ᵀ: two 8-token tiles */
+	uint32_t qa[8][2];
+	load_qa(qf, qa);
+	float s[2][2];
+	uint32_t nks = (sg.k_dk + 15) >> 4;
+#pragma unroll
+	for (int n = 0; n < 2; n++) {
+		s[n][0] = s[n][1] = 0.0f;
+		const __half *krow = T.k + (n * 8 + g) * TK_LD + 2 * tig;
+#pragma unroll
+		for (int ks = 0; ks < D / 16; ks++)
+			if ((uint32_t)ks < nks) {
+				uint32_t b0 = *(const uint32_t *)(krow + ks * 16);
+				uint32_t b1 = *(const uint32_t *)(krow + ks * 16 + 8);
+				mma16816_top(s[n][0], s[n][1], qa[ks][0], qa[ks][1], b0, b1);
+			}
+	}
+	float x0 = 2 * tig < nt ? s[0][0] : -INFINITY;
+	float x1 = 2 * tig + 1 < nt ? s[0][1] : -INFINITY;
+	float x2 = 8 + 2 * tig < nt ? s[1][0] : -INFINITY;
+	float x3 = 9 + 2 * tig < nt ? s[1][1] : -INFINITY;
+	float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
+	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+	float mn = fmaxf(st.m, mx);
+	float al = exp2f(st.m - mn);
+	st.m = mn;
+	float p0 = exp2f(x0 - mn), p1 = exp2f(x1 - mn), p2 = exp2f(x2 - mn), p3 = exp2f(x3 - mn);
+	st.l = st.l * al + (p0 + p1 + p2 + p3);
+	uint32_t nnt = (sg.v_dk + 7) >> 3;
+	uint32_t pa0 = h2pack(p0, p1), pa2 = h2pack(p2, p3);
+	/* O' = O' al + P V̂; ldmatrix lane address: matrix lane / 8 = tokens
+	 * +0 / +8 (bit 0), n-tile +0 / +1 (bit 1), row lane % 8 */
+	const uint32_t vaddr = (uint32_t)__cvta_generic_to_shared(
+		T.vr + (((lane >> 3) & 1) * 8 + (lane & 7)) * TK_LD + (lane >> 4) * 8);
+#pragma unroll
+	for (int n = 0; n < D / 8; n += 2)
+		if ((uint32_t)n < nnt) {
+			uint32_t b0, b1, b2, b3;
+			asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+				     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+				     : "r"(vaddr + n * 16)
+				     : "memory");
+			st.acc[n][0] *= al;
+			st.acc[n][1] *= al;
+			mma16816_top(st.acc[n][0], st.acc[n][1], pa0, pa2, b0, b1);
+			if ((uint32_t)n + 1 < nnt) {
+				st.acc[n + 1][0] *= al;
+				st.acc[n + 1][1] *= al;
+				mma16816_top(st.acc[n + 1][0], st.acc[n + 1][1], pa0, pa2, b2, b3);
+			}
+		}
+	__syncwarp();
+}
+
+/*
+ * A CTA's blocks (list[0 .. cnt) or blocks base_blk .. + cnt of *sgp), then
+ * the warps' merge, the rotation back and the partial.  Not inlined, one
+ * instance per sub-block kind: each gets its own register allocation, so
+ * the walk's registers do not spill the scatter's accumulators (inlined
+ * together they did: 104-312 B of stack in every instance).  Q' fragments
+ * are in sm.qf.
+ */
+template <int NQ, int D, bool WALK>
+static __device__ __noinline__ void tc_cta(const struct gpu_seg *sgp, const uint32_t *list,
+					   uint32_t base_blk, uint32_t cnt, float *po, float *pml)
 {
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
-	uint32_t hi = blockIdx.y, x = blockIdx.x;
-	const struct gpu_head *H = &heads[hi];
-	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
-	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
-	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
-	const float *qh = q + (size_t)hi * NQ * D;
-	constexpr int P = NQP(NQ);
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-
-	const struct gpu_seg *sgp;
-	const uint32_t *list = NULL;
-	uint32_t si, b0 = 0, cnt;
-	if (!packed_cta_work<NQ, D>(H, counts, x, hi, ws, L, qh, scale2, sm.red, po, pml, &sgp,
-				    &list, &si, &b0, &cnt))
-		return;
 	const struct gpu_seg sg = *sgp;
-	prefetch_l2(sg.v_rot, sg.v_dk * D * 2); /* for the rotation back */
-	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
-	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
-		sm.qs[i] = qr[i] * scale2;
-	__syncthreads();
-	/* A fragments of Q' (rows = heads; rows >= NQ and 8..15 zero) */
-	uint32_t qa[8][2];
-#pragma unroll
-	for (int ks = 0; ks < 8; ks++) {
-		float a[4];
-#pragma unroll
-		for (int e = 0; e < 4; e++) {
-			uint32_t c = ks * 16 + 2 * tig + (e & 1) + (e >> 1) * 8;
-			a[e] = (g < NQ && c < sg.k_dk) ? sm.qs[c * P + (g < NQ ? g : 0)] : 0.0f;
-		}
-		qa[ks][0] = h2pack(a[0], a[1]);
-		qa[ks][1] = h2pack(a[2], a[3]);
-	}
+	uint32_t qa[8][2]; /* the scatter keeps them in registers */
+	if constexpr (!WALK)
+		load_qa(sm.qf, qa);
 	tcstate<NQ> st;
 	st.m = -INFINITY;
 	st.l = 0.0f;
 #pragma unroll
 	for (int n = 0; n < 16; n++)
 		st.acc[n][0] = st.acc[n][1] = 0.0f;
-	uint32_t base_blk = list ? 0 : b0;
 	if (w < cnt)
 		prefetch_block(sg, list ? list[w] - sg.block0 : base_blk + w);
 	for (uint32_t i = w; i < cnt; i += 4) {
@@ -1989,8 +2185,12 @@ __global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head
 		if (i + 4 < cnt) /* this warp's next block, into L2 */
 			prefetch_block(sg, list ? list[i + 4] - sg.block0 : base_blk + i + 4);
 		uint32_t t0 = j * sg.b, t1 = min(sg.n, t0 + sg.b);
-		for (uint32_t t = t0; t < t1; t += 16)
-			tc_sub<NQ>(sg, t, (int)min(16u, t1 - t), qa, sm.t[w], st);
+		for (uint32_t t = t0; t < t1; t += 16) {
+			if constexpr (WALK)
+				tc_sub_g1<NQ, D>(sg, t, (int)min(16u, t1 - t), sm.qf, sm.t[w], st);
+			else
+				tc_sub<NQ>(sg, t, (int)min(16u, t1 - t), qa, sm.t[w], st);
+		}
 	}
 	/* ---- merge the warps, rotate back once, write the partial ---- */
 	float l = st.l;
@@ -2062,6 +2262,64 @@ __global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head
 		for (int h = 0; h < NQ; h++)
 			po[h * D + j] = o[h];
 	}
+}
+
+template <int NQ, int D>
+__global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head *heads,
+							const float *q, float scale2, char *ws,
+							struct ws_layout L, uint32_t flags)
+{
+	extern __shared__ __align__(16) unsigned char smraw[];
+	tc_smem &sm = *(tc_smem *)smraw;
+	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	const struct gpu_head *H = &heads[hi];
+	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
+	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
+	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
+	const float *qh = q + (size_t)hi * NQ * D;
+	constexpr int P = NQP(NQ);
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+
+	const struct gpu_seg *sgp;
+	const uint32_t *list = NULL;
+	uint32_t si, b0 = 0, cnt;
+	if (!packed_cta_work<NQ, D>(H, counts, x, hi, ws, L, qh, scale2, sm.red, po, pml, &sgp,
+				    &list, &si, &b0, &cnt))
+		return;
+	const struct gpu_seg sg = *sgp;
+	prefetch_l2(sg.v_rot, sg.v_dk * D * 2); /* for the rotation back */
+	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
+	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
+		sm.qs[i] = qr[i] * scale2;
+	__syncthreads();
+	/* A fragments of Q' (rows = heads; rows >= NQ and 8..15 zero) */
+	uint32_t qa[8][2];
+#pragma unroll
+	for (int ks = 0; ks < 8; ks++) {
+		float a[4];
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			uint32_t c = ks * 16 + 2 * tig + (e & 1) + (e >> 1) * 8;
+			a[e] = (g < NQ && c < sg.k_dk) ? sm.qs[c * P + (g < NQ ? g : 0)] : 0.0f;
+		}
+		qa[ks][0] = h2pack(a[0], a[1]);
+		qa[ks][1] = h2pack(a[2], a[3]);
+	}
+	if (w == 0)
+#pragma unroll
+		for (int k2 = 0; k2 < 4; k2++)
+			sm.qf[k2][lane] = make_uint4(qa[2 * k2][0], qa[2 * k2][1], qa[2 * k2 + 1][0],
+						     qa[2 * k2 + 1][1]);
+	__syncthreads();
+	uint32_t base_blk = list ? 0 : b0;
+	/* the channel-major walk for g == 1 where at least half the channels
+	 * hold a value (measured: slower than the scatter at r = 32 of 96) */
+	bool walk = sg.k_g == 1 && sg.v_g == 1 && 2 * sg.k_r >= sg.k_dk &&
+		    2 * sg.v_r >= sg.v_dk && !(flags & GPU_ATTN_SCATTER);
+	if (walk)
+		tc_cta<NQ, D, true>(sgp, list, base_blk, cnt, po, pml);
+	else
+		tc_cta<NQ, D, false>(sgp, list, base_blk, cnt, po, pml);
 }
 
 /* ------------------------------------------------------------------ */
@@ -2708,7 +2966,7 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 		GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D>,
 					    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 		k_attn_packed_tc<NQ, D><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
-			heads, a->q, scale2_of(a), (char *)a->ws, L);
+			heads, a->q, scale2_of(a), (char *)a->ws, L, a->flags);
 	}
 	GPU_CKL();
 	k_merge<D><<<dim3(a->n_heads, NQ), 8 * D, 0, s>>>(NQ, (char *)a->ws, L, a->out);

@@ -126,6 +126,10 @@ struct gpu_attn_args {
 /* PackedAttention on CUDA cores only (the first version; kept to compare):
  * by default the products run on the tensor cores. */
 #define GPU_ATTN_CUDA_CORES 1u
+/* Tensor-core PackedAttention with the per-value set-bit scatter (the
+ * version before the channel-major walk; kept to compare) also where both
+ * halves have g == 1. */
+#define GPU_ATTN_SCATTER 2u
 
 /* Bytes of scratch a call with these maxima needs (packed, quest or dense;
  * for dense, max_blocks counts tokens / quest_b). */

@@ -214,6 +214,29 @@ Test(gpu, packed_q4_d64) { check_packed_rq(64, 2, 1, 0, 8, 0.15, 0, 48, 4); }
 Test(gpu, packed_q8_d128_drop) { check_packed_rq(128, 4, 1, 1, 32, 0.1, 19, 64, 8); }
 Test(gpu, packed_q5_g2) { check_packed_rq(128, 1, 2, 0, 16, 0.3, 3, 38, 5); }
 Test(gpu, packed_q7_g4_full) { check_packed_rq(64, 4, 4, 1, 64, 1.0, 8, 28, 7); }
+/* The channel-major walk (g = 1, r >= d_keep / 2): bf16 rows, then every
+ * vector full (r = d_keep = d: no zero channel left to expand) and short
+ * sub-blocks (b = 8), 6 and 8 bits. */
+Test(gpu, packed_walk_bf16_r64) { check_packed_rq(128, 4, 1, 1, 16, 0.1, 37, 64, 0); }
+Test(gpu, packed_walk_bf16_d64_b8) { check_packed_rq(64, 8, 1, 0, 8, 0.2, 3, 40, 0); }
+Test(gpu, packed_q6_d128_full_r128) { check_packed_rq(128, 4, 1, 0, 8, 0.2, 9, 128, 6); }
+Test(gpu, packed_q8_d64_full_r64) { check_packed_rq(64, 2, 1, 0, 16, 0.3, 0, 64, 8); }
+/* g == 1 rows by the older per-value scatter (GPU_ATTN_SCATTER) */
+Test(gpu, packed_scatter_llama_shape)
+{
+	g_flags = GPU_ATTN_SCATTER;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_scatter_q6_d128)
+{
+	g_flags = GPU_ATTN_SCATTER;
+	check_packed_rq(128, 4, 1, 0, 16, 0.1, 64, 80, 6);
+}
+Test(gpu, packed_scatter_q6_d64_b8)
+{
+	g_flags = GPU_ATTN_SCATTER;
+	check_packed_rq(64, 3, 1, 0, 8, 0.2, 5, 40, 6);
+}
 Test(gpu, packed_q6_cuda_cores)
 {
 	g_flags = GPU_ATTN_CUDA_CORES;
