@@ -420,7 +420,8 @@ def draw(grid, full, path, ntasks, ns):
                label="global mask (equal memory)")
     ax[0].axhline(grid["quest"][i10], color="C2", ls="-.", label="Quest (dense K/V)")
     ax[0].axhline(full, color="k", ls=":", label="full cache")
-    ax[0].set_xlabel("mosaickv channel retention (% of d = 64; global mask at equal memory), 10% of tokens", fontsize=8)
+    ax[0].set_xlabel("bytes per vector: % of d = 64 channels in bf16 (mosaickv: 6-bit values; "
+                     "global mask: bf16 at equal memory), 10% of tokens", fontsize=8)
     ax[0].set_ylabel("accuracy (%)")
     ax[0].set_ylim(-3, 103)
     ax[0].set_xticks(xs)
@@ -429,10 +430,10 @@ def draw(grid, full, path, ntasks, ns):
     for j, c in enumerate(CHANNELS):
         ys = grid[("mosaickv", c)]
         if sum(y == y for y in ys) >= 2:  # only the channel settings swept over tokens
-            ax[1].plot(tx, ys, "o-", color=f"C{j + 3}", label=f"mosaickv {100 * c:g}% channels")
+            ax[1].plot(tx, ys, "o-", color=f"C{j + 3}", label=f"mosaickv, {100 * c:g}% of the channels' bytes")
     ax[1].plot(tx, grid["quest"], "s-.", color="C2", label="Quest (dense K/V)")
     ax[1].axhline(full, color="k", ls=":", label="full cache")
-    ax[1].set_xlabel("token retention (% of history), 25% of channels")
+    ax[1].set_xlabel("token retention (% of history), the bytes of 25% of channels")
     ax[1].set_xticks(tx)
     ax[1].legend(fontsize=8)
     fig.suptitle(f"SmolLM2-135M, RULER-style tasks ({ntasks} calibrated, {ns} examples in all)")
