@@ -11,7 +11,10 @@
  * One more column, ours_q6: the same step over the serving format's rows,
  * r = 80 values of 6 bits + a bf16 scale per vector (64 bytes a row on
  * the device, the bytes of the bf16 r = 32 rows: 2.5x the values to
- * decode), with the blocks' remainder bounds in the scores.
+ * decode), with the blocks' remainder bounds in the scores.  ours_sc and
+ * q6_sc: ours and ours_q6 with GPU_ATTN_SCATTER (the per-value set-bit
+ * scatter instead of the channel-major walk for g = 1 rows; for ours, r =
+ * 32 of 96, both are the scatter: the walk needs r >= d_keep / 2).
  *
  * Data are synthetic (gpu_synth_*): timings depend on shapes and counts,
  * not on values; the kernels' correctness is the gpu test suite's job.
