@@ -107,7 +107,8 @@ struct mkv_segment; /* opaque: one encoded, packed segment */
  *                  n > MKV_MAX_N, an unsupported d, g, b, dtype, kind or
  *                  select, r == 0, r > d_keep, r not a multiple of g, a
  *                  summary_channels > d_keep (or != 0 for a VALUE
- *                  segment), or rotate == 0 with a rotation;
+ *                  segment), a value_bits other than 0 or 4..8, or
+ *                  rotate == 0 with a rotation;
  *   -MKV_ENONFINITE the input (or the given rotation) holds NaN or Inf;
  *   -MKV_ELAPACK   the eigen-solver failed;
  *   -ENOMEM        out of memory.

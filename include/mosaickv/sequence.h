@@ -136,9 +136,10 @@ struct mkv_seq;
 
 /*
  * Open sequence @id on @store (which must outlive it).  Returns 0, or
- * -EINVAL (NULL, bad options, r > d or r % g, an id already open on this
- * store is not detected here but fails at the first put with -EEXIST),
- * -ENOMEM.
+ * -EINVAL (NULL, bad options: r > d_keep or r % g, value_bits not 0 or
+ * 4..8, adaptive > 1, summary_channels > d_keep, a size no version of the
+ * struct had; an id already open on this store is not detected here but
+ * fails at the first put with -EEXIST), -ENOMEM.
  */
 MKV_API int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
 			 uint64_t id, struct mkv_seq **out);
