@@ -489,7 +489,9 @@ def main():
                     help="sweep every (channels, tokens) pair, not only the two axes")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name, to keep "
                     "several runs at the same lengths side by side")
-    ap.add_argument("--results", type=pathlib.Path, default=HERE / "results")
+    # results/v2: runs with today's format (6-bit rows, remainder bound);
+    # the first format's runs stay in results/ (docs/ACCURACY.md has both)
+    ap.add_argument("--results", type=pathlib.Path, default=HERE / "results" / "v2")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "accuracy_sweep.png"))
     a = ap.parse_args()
     if a.quick:
