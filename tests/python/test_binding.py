@@ -67,7 +67,7 @@ def main():
     H, G, d, n0 = 2, 3, 64, 300
     seq = Sequence(st, 77, layers=2, kv_heads=H, q_per_kv=G, d=d, r=d,
                    token_frac=1.0, store_dtype="f32", value_bits=0, prefill_segment=128,
-                   min_segment=16, max_segment=64, window=8)
+                   min_segment=16, max_segment=32, window=8)
     k = rng.standard_normal((2, H, n0 + 40, d)).astype(np.float32)
     v = rng.standard_normal((2, H, n0 + 40, d)).astype(np.float32)
     for layer in range(2):

@@ -503,6 +503,62 @@ Test(sequence, offload_and_prefetch_map_onto_the_tiers, .timeout = 120)
 	free(t.v);
 }
 
+/* Every prefill token lands in a final segment with its own strategy:
+ * ps-token segments, the remainder alone from min_segment tokens up, else
+ * joined to the last one; the open segment starts empty. */
+static void prefill_cut_case(uint32_t n0, uint32_t ps, uint32_t minseg,
+			     const uint32_t *want, size_t nwant)
+{
+	const uint32_t L = 1, H = 2, G = 1, d = 64;
+	uint64_t rng = fresh_seed();
+	struct mkv_store *st = host_store((size_t)64 << 20);
+	struct mkv_seq_opts o;
+	exact_opts(&o, L, H, G, d);
+	o.prefill_segment = ps;
+	o.min_segment = minseg;
+	o.max_segment = 4096;
+	struct mkv_seq *s;
+	cr_assert_eq(mkv_seq_open(st, &o, 8, &s), 0);
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0);
+	fill_random(&t, 0, n0, &rng);
+	prefill_all(s, &t, n0);
+	for (uint32_t h = 0; h < H; h++) {
+		const struct lh *l = &s->lh[h];
+		cr_assert_eq(l->nsegs, nwant, "n0 %u ps %u min %u: %zu segments, want %zu",
+			     n0, ps, minseg, l->nsegs, nwant);
+		uint32_t start = 0;
+		for (size_t i = 0; i < nwant; i++) {
+			cr_assert(l->segs[i].start == start && l->segs[i].n == want[i] &&
+				  l->segs[i].final,
+				  "segment %zu: [%u, +%u) final %u, want [%u, +%u) final",
+				  i, l->segs[i].start, l->segs[i].n, l->segs[i].final, start, want[i]);
+			start += want[i];
+		}
+		cr_assert_eq(l->ok->v.n, 0, "the open segment holds %u prefill tokens",
+			     l->ok->v.n);
+	}
+	/* and attention over them is still exact */
+	double e = attend_error(s, &t, 0, &rng);
+	cr_assert(e < 1e-5, "attention error %g", e);
+	mkv_seq_close(s);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
+
+Test(sequence, prefill_remainder_gets_its_own_strategy, .timeout = 60)
+{
+	const uint32_t a[] = {256, 256, 256, 232};
+	prefill_cut_case(1000, 256, 64, a, 4);
+	const uint32_t b[] = {256, 256, 488};
+	prefill_cut_case(1000, 256, 300, b, 3);
+	const uint32_t c[] = {1000};
+	prefill_cut_case(1000, 1024, 64, c, 1);
+	const uint32_t e[] = {256, 256};
+	prefill_cut_case(512, 256, 64, e, 2);
+}
+
 /* The formats a sequence encodes with: the serving defaults (r = 0 ->
  * 40 of 64 in 6-bit rows, S = min(r, d/4)), an explicit S, and a caller
  * of version 1 of the options (bf16 element rows, S = r). */
