@@ -13,10 +13,13 @@
  *                       once with the current strategy and appended;
  * and the last `window` tokens are also kept dense and always attended.
  *
- * Prefill cuts the tokens into fixed-size segments encoded at once (the
- * remainder starts the open segment).  A decode segment grows until the
- * loss of its temporary compression passes opts.loss_threshold (after
- * opts.min_segment tokens) or it reaches opts.max_segment tokens; it then
+ * Prefill cuts the tokens into segments of opts.prefill_segment tokens,
+ * each encoded at once with a strategy of its own; the remainder is a
+ * segment of its own from opts.min_segment tokens up, else the last
+ * segment's tail, and the open segment starts empty.  A decode segment
+ * grows until the loss of its temporary compression passes
+ * opts.loss_threshold (after opts.min_segment tokens) or it reaches
+ * opts.max_segment tokens; it then
  * closes and its raw copy goes to the store's worker threads, which choose
  * the final strategy (rotation, r, g, b) from the raw vectors, recompress,
  * put the final segment in the store and publish it.  The swap from
