@@ -251,15 +251,8 @@ static float bound_score(const float *qr, uint32_t nq, uint32_t ldq,
 static void query_perp(const struct mkv_attn_opts *o, const float *q,
 		       const float *qr, uint32_t S, float *qperp)
 {
-	for (uint32_t h = 0; h < o->n_q; h++) {
-		const float *qh = q + (size_t)h * o->d, *rh = qr + (size_t)h * S;
-		float nq = 0.0f, ns = 0.0f;
-		for (uint32_t c = 0; c < o->d; c++)
-			nq += qh[c] * qh[c];
-		for (uint32_t c = 0; c < S; c++)
-			ns += rh[c] * rh[c];
-		qperp[h] = sqrtf(fmaxf(0.0f, nq - ns));
-	}
+	for (uint32_t h = 0; h < o->n_q; h++)
+		qperp[h] = mkv_rest_norm(q + (size_t)h * o->d, o->d, qr + (size_t)h * S, S);
 }
 
 /* ---------------------------------------------------------------------- */

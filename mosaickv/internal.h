@@ -4,6 +4,7 @@
 #define MKV_CORE_INTERNAL_H
 
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <mosaickv/compress.h>
 #include <mosaickv/attention.h>
@@ -104,6 +105,24 @@ static inline float mkv_elem(const void *p, enum mkv_dtype dt, size_t i)
 	return mkv_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 MKV_HIDDEN bool mkv_all_finite(const float *x, size_t n);
+
+/*
+ * The norm of @x (d channels) outside its first S rotated channels @xr:
+ * sqrt(max(0, |x|² - |x'_{0..S-1}|²)), sums in channel order.  For a key,
+ * what the block's S-channel bounds leave out of every q·x; for a query,
+ * the factor of that remainder in the block score (the GPU sums alike).
+ */
+static inline float mkv_rest_norm(const float *x, uint32_t d, const float *xr,
+				  uint32_t S)
+{
+	float nx = 0.0f, ns = 0.0f;
+	for (uint32_t c = 0; c < d; c++)
+		nx += x[c] * x[c];
+	for (uint32_t c = 0; c < S; c++)
+		ns += xr[c] * xr[c];
+	float r = nx - ns;
+	return sqrtf(r > 0.0f ? r : 0.0f);
+}
 
 /* Options validation shared by the entry points. */
 MKV_HIDDEN bool mkv_d_valid(uint32_t d);

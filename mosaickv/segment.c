@@ -394,18 +394,6 @@ static void encode_rows(struct mkv_segment *s, const float *xr, size_t i0,
 	}
 }
 
-/* The norm of key @x (d channels) outside its first S rotated channels
- * @xr: what the S-channel bounds leave out of every q·x. */
-static float rest_norm(const float *x, uint32_t d, const float *xr, uint32_t S)
-{
-	float nx = 0.0f, ns = 0.0f;
-	for (uint32_t c = 0; c < d; c++)
-		nx += x[c] * x[c];
-	for (uint32_t c = 0; c < S; c++)
-		ns += xr[c] * xr[c];
-	return sqrtf(fmaxf(0.0f, nx - ns));
-}
-
 static void store_rest(struct mkv_segment *s, size_t block, float rest)
 {
 	if (s->v.store_dtype == MKV_DTYPE_F32)
@@ -428,7 +416,7 @@ static void encode_summaries(struct mkv_segment *s, const float *x,
 		size_t r1 = r0 + v->b < m ? r0 + v->b : m;
 		float rest = 0.0f;
 		for (size_t i = r0; i < r1; i++)
-			rest = fmaxf(rest, rest_norm(x + i * v->d, v->d,
+			rest = fmaxf(rest, mkv_rest_norm(x + i * v->d, v->d,
 						     xr + i * v->d_keep, S));
 		store_rest(s, (i0 + r0) / v->b, rest);
 		for (uint32_t c = 0; c < S; c++)
@@ -987,7 +975,7 @@ int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
 					((uint16_t *)s->sum_max)[off + c] = mkv_f32_to_bf16_up(hi);
 				}
 			}
-			float rest = rest_norm(x + t * v->d, v->d, xr, S);
+			float rest = mkv_rest_norm(x + t * v->d, v->d, xr, S);
 			if (!first)
 				rest = fmaxf(rest, mkv_elem(s->sum_rest, v->store_dtype, i / v->b));
 			store_rest(s, i / v->b, rest);
