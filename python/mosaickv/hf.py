@@ -128,6 +128,10 @@ class MosaicCache(Cache):
         # offloading: transformers then prefetches layer i + 1 before layer
         # i's update and offloads layer i after it (its CUDA streams: GPU
         # models only); MosaicLayer maps both onto the store's tiers.
+        if offloading and not torch.cuda.is_available():
+            raise ValueError("offloading=True needs CUDA (transformers runs it on CUDA "
+                             "streams); on the CPU call cache.layers[i].offload() and "
+                             ".prefetch() directly")
         super().__init__(layers=[MosaicLayer(self, i) for i in range(n_layers)],
                          offloading=offloading)
         self.config = config

@@ -51,8 +51,18 @@ def main():
     print(f"offload_moves {st['offload_moves']} offload_failed {st['offload_failed']} "
           f"prefetch_blocks {st['prefetch_blocks']} prefetch_failed {st['prefetch_failed']} "
           f"fetch_bytes_total {st['fetch_bytes_total']}")
+    import torch
+    refused = True
+    if not torch.cuda.is_available():
+        # transformers' offloading runs on CUDA streams: refused clearly here
+        try:
+            mhf.MosaicCache(model.config, offloading=True)
+            refused = False
+        except ValueError:
+            pass
     failed = 0
     for ok, what in [
+            (refused, "offloading=True without CUDA is refused with ValueError"),
             (a == b, "the same tokens with and without offload"),
             (st["offload_moves"] > 0 and st["offload_failed"] == 0, "segments moved down"),
             (st["fetch_bytes_total"] > 0, "selected blocks fetched from the host tier"),
