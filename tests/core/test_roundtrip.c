@@ -96,23 +96,6 @@ static struct mkv_segment *encode_case(const struct seg_case *k, double **ref_ou
 	return s;
 }
 
-/* Value @k of vector @i, read bit by bit from the row as the format
- * defines it (the library reads whole bytes). */
-static float stored_value(const struct mkv_packed_view *v, size_t i, size_t k)
-{
-	const uint8_t *row = (const uint8_t *)v->values + i * v->row_bytes;
-	if (!v->value_bits) {
-		if (v->store_dtype == MKV_DTYPE_F32)
-			return ((const float *)row)[k];
-		return th_bf16_to_f32(((const uint16_t *)row)[k]);
-	}
-	uint32_t w = v->value_bits, u = 0;
-	for (uint32_t t = 0; t < w; t++)
-		u |= (uint32_t)th_bit(row + 2, k * w + t) << t;
-	float scale = th_bf16_to_f32((uint16_t)(row[0] | row[1] << 8));
-	return (float)((double)((int)u - (1 << (w - 1))) * scale);
-}
-
 Test(roundtrip, rotated_decode_is_bit_exact)
 {
 	for (int it = 0; it < 24; it++) {
@@ -141,7 +124,7 @@ Test(roundtrip, rotated_decode_is_bit_exact)
 					if (set) {
 						cr_assert(next < k.r, "seed=%llu: vector %zu has more than r stored values",
 							  (unsigned long long)seed, i);
-						float want = stored_value(&v, i, next++);
+						float want = (float)th_view_value(&v, i, next++);
 						cr_assert(memcmp(&got, &want, 4) == 0,
 							  "seed=%llu store=%s g=%u bits=%u: vector %zu channel %u decoded %a, stored %a",
 							  (unsigned long long)seed,
@@ -259,7 +242,7 @@ Test(roundtrip, quantized_rows_within_half_a_step)
 		for (size_t i = 0; i < k.n; i++) {
 			double amax = 0;
 			for (uint32_t j = 0; j < k.r; j++)
-				amax = fmax(amax, fabs(stored_value(&vf, i, j)));
+				amax = fmax(amax, fabs(th_view_value(&vf, i, j)));
 			const uint8_t *row = (const uint8_t *)vq.values + i * vq.row_bytes;
 			double scale = th_bf16_to_f32((uint16_t)(row[0] | row[1] << 8));
 			cr_assert(scale >= amax / qmax * (1 - 1e-7) &&
@@ -267,7 +250,7 @@ Test(roundtrip, quantized_rows_within_half_a_step)
 				  "seed=%llu bits=%u: vector %zu scale %.9g for amax %.9g",
 				  (unsigned long long)seed, k.value_bits, i, scale, amax);
 			for (uint32_t j = 0; j < k.r; j++) {
-				double x = stored_value(&vf, i, j), y = stored_value(&vq, i, j);
+				double x = th_view_value(&vf, i, j), y = th_view_value(&vq, i, j);
 				cr_assert(fabs(x - y) <= scale * 0.5 * (1 + 1e-6),
 					  "seed=%llu bits=%u: vector %zu value %u: %.9g quantized to %.9g (step %.9g)",
 					  (unsigned long long)seed, k.value_bits, i, j, x, y, scale);
