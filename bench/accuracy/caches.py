@@ -44,23 +44,7 @@ def head_dim(cfg):
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
-VALUE_BITS = 6  # mosaickv's default value rows (include/mosaickv/sequence.h)
-
-
-def row_bytes(r, bits=VALUE_BITS):
-    """Bytes of one packed row of r values (include/mosaickv/compress.h)."""
-    if not bits:
-        return 2 * r
-    n = 2 + (r * bits + 7) // 8
-    return n + (n & 1)
-
-
-def budget_r(d, channels, bits=VALUE_BITS):
-    """mosaickv's r at a channel retention read as a byte budget: the
-    largest r whose packed row fits the bytes of channels*d bf16 values
-    (at 25%, the library's default r: 40 of 64)."""
-    budget = 2 * channels * d
-    return max([r for r in range(1, d + 1) if row_bytes(r, bits) <= budget] or [1])
+from budget import VALUE_BITS, budget_r, row_bytes  # noqa: F401 (re-exported)
 
 
 def method_r(method, d, channels):

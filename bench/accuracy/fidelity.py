@@ -25,6 +25,9 @@ import numpy as np
 import mosaickv as mkv
 from mosaickv import _lib
 
+sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+from budget import budget_r  # noqa: E402
+
 _L = mkv._L
 
 
@@ -83,15 +86,6 @@ def exact_probs(q, k):
     s -= s.max(1, keepdims=True)
     p = np.exp(s)
     return p / p.sum(1, keepdims=True)
-
-
-def budget_r(d, chan, bits=6):
-    """The largest r whose packed row of 6-bit values fits the bytes of
-    chan*d bf16 values (bench/accuracy/caches.py, mkv_seq_default_r)."""
-    def row(r):
-        n = 2 + (r * bits + 7) // 8
-        return n + (n & 1)
-    return max([r for r in range(1, d + 1) if row(r) <= 2 * chan * d] or [1])
 
 
 def methods(d, chan, frac):

@@ -34,6 +34,7 @@ import zlib
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+import budget  # noqa: E402 (torch-free: the report needs neither torch nor the library)
 
 CHANNELS = [0.125, 0.25, 0.375, 0.5]
 TOKENS = [0.05, 0.1, 0.2]
@@ -384,8 +385,7 @@ def report_study(st, plot=None):
         grid = {}
         for c in CHANNELS:
             r = int(round(64 * c))
-            # caches.budget_r at d = 64 and 6-bit rows, as in the runs
-            rq = max(q for q in range(1, 65) if (2 + (6 * q + 7) // 8 + 1) // 2 * 2 <= 128 * c)
+            rq = budget.budget_r(64, c)  # d = 64, 6-bit rows, as in the runs
             for m in ("mosaickv", "globalmask"):
                 grid[(m, c)] = [sw(m, c, f) for f in TOKENS]
                 # caches.globalmask_r at d = 64 (not imported: the report
