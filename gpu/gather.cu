@@ -314,3 +314,159 @@ extern "C" int gpu_gather_ctx_run(struct gpu_gather_ctx *c, uint32_t n,
 
 	return rc ? rc : (n ? gpu_gather_ctx_wait(c) : 0);
 }
+
+/* ------------------------------------------------------------------ */
+/* Blocks by value (gpu_gather_ctx_launch_blocks)                      */
+
+/* Both pieces of a block with all their loads in flight at once, where
+ * source and destination are 16-byte aligned and the lengths multiples
+ * of 16 (the store's layouts); up to BG_ROUND uint4 per lane per round. */
+#define BG_ROUND 8
+__device__ __forceinline__ void bg_copy2(char *dv, const char *sv, uint32_t nv,
+					 char *db, const char *sb, uint32_t nb,
+					 unsigned lane)
+{
+	const uint32_t mv = nv / 16, m = mv + nb / 16;
+
+	for (uint32_t i0 = 0; i0 < m; i0 += 32 * BG_ROUND) {
+		uint4 v[BG_ROUND];
+#pragma unroll
+		for (int u = 0; u < BG_ROUND; u++) {
+			uint32_t i = i0 + lane + 32 * u;
+			if (i < mv)
+				v[u] = ((const uint4 *)sv)[i];
+			else if (i < m)
+				v[u] = ((const uint4 *)sb)[i - mv];
+		}
+#pragma unroll
+		for (int u = 0; u < BG_ROUND; u++) {
+			uint32_t i = i0 + lane + 32 * u;
+			if (i < mv)
+				((uint4 *)dv)[i] = v[u];
+			else if (i < m)
+				((uint4 *)db)[i - mv] = v[u];
+		}
+	}
+}
+
+/* One span of any alignment (copy_span by what source and destination
+ * agree on). */
+__device__ __forceinline__ void bg_copy_any(char *d, const char *s, uint64_t m,
+					    unsigned lane)
+{
+	uintptr_t x = (uintptr_t)s ^ (uintptr_t)d;
+
+	if (!(x & 15))
+		copy_span<uint4>(d, s, m, lane);
+	else if (!(x & 3))
+		copy_span<uint32_t>(d, s, m, lane);
+	else
+		copy_span<uint8_t>(d, s, m, lane);
+}
+
+static __global__ void __launch_bounds__(GATHER_WARPS * 32)
+gather_blocks_kernel(const __grid_constant__ struct gpu_bg_args a, char *__restrict__ dst)
+{
+	const unsigned lane = threadIdx.x & 31;
+	const uint32_t n = a.first[a.nseg];
+	const uint32_t w0 = blockIdx.x * GATHER_WARPS + (threadIdx.x >> 5);
+	const uint32_t ws = gridDim.x * GATHER_WARPS;
+
+	for (uint32_t k = w0; k < n; k += ws) {
+		uint32_t lo = 0, hi = a.nseg - 1;
+
+		while (lo < hi) {
+			uint32_t mid = (lo + hi + 1) >> 1;
+
+			if (a.first[mid] <= k)
+				lo = mid;
+			else
+				hi = mid - 1;
+		}
+		const struct gpu_bg_seg &g = a.seg[lo];
+		const uint64_t j = a.blk[k], p = k - a.first[lo];
+		const uint64_t vo = j * g.values_block, bo = j * g.bitmaps_block;
+		const uint32_t vl = (uint32_t)min((uint64_t)g.values_block, g.values_len - vo);
+		const uint32_t bl = (uint32_t)min((uint64_t)g.bitmaps_block, g.bitmaps_len - bo);
+		char *dv = dst + g.dst + p * ((uint64_t)g.values_block + g.bitmaps_block);
+		char *db = dv + vl;
+		const char *sv = g.src + g.values_off + vo, *sb = g.src + g.bitmaps_off + bo;
+
+		if (!(((uintptr_t)dv | (uintptr_t)sv | (uintptr_t)db | (uintptr_t)sb |
+		       vl | bl) & 15)) {
+			bg_copy2(dv, sv, vl, db, sb, bl, lane);
+		} else {
+			bg_copy_any(dv, sv, vl, lane);
+			bg_copy_any(db, sb, bl, lane);
+		}
+	}
+}
+
+/* Arguments a kernel can take without reading past a segment. */
+static int bg_check(const struct gpu_bg_args *a)
+{
+	if (!a || a->nseg < 1 || a->nseg > GPU_BG_MAXSEG || a->first[0] != 0 ||
+	    a->first[a->nseg] > GPU_BG_MAXBLK)
+		return -EINVAL;
+	for (uint32_t i = 0; i < a->nseg; i++) {
+		const struct gpu_bg_seg *g = &a->seg[i];
+
+		if (a->first[i + 1] < a->first[i] || !g->src)
+			return -EINVAL;
+		for (uint32_t k = a->first[i]; k < a->first[i + 1]; k++) {
+			uint64_t j = a->blk[k];
+
+			if ((k > a->first[i] && j <= a->blk[k - 1]) ||
+			    j * g->values_block >= g->values_len ||
+			    j * g->bitmaps_block >= g->bitmaps_len)
+				return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+extern "C" int gpu_gather_blocks_ref(const struct gpu_bg_args *a, void *dst)
+{
+	int rc = bg_check(a);
+
+	if (rc || !dst)
+		return rc ? rc : -EINVAL;
+	for (uint32_t i = 0; i < a->nseg; i++) {
+		const struct gpu_bg_seg *g = &a->seg[i];
+
+		for (uint32_t k = a->first[i]; k < a->first[i + 1]; k++) {
+			uint64_t j = a->blk[k], p = k - a->first[i];
+			uint64_t vo = j * g->values_block, bo = j * g->bitmaps_block;
+			uint64_t vl = g->values_len - vo < g->values_block ? g->values_len - vo
+									   : g->values_block;
+			uint64_t bl = g->bitmaps_len - bo < g->bitmaps_block
+					      ? g->bitmaps_len - bo
+					      : g->bitmaps_block;
+			char *d = (char *)dst + g->dst +
+				  p * ((uint64_t)g->values_block + g->bitmaps_block);
+
+			memcpy(d, g->src + g->values_off + vo, vl);
+			memcpy(d + vl, g->src + g->bitmaps_off + bo, bl);
+		}
+	}
+	return 0;
+}
+
+extern "C" int gpu_gather_ctx_launch_blocks(struct gpu_gather_ctx *c,
+					    const struct gpu_bg_args *a, void *dst)
+{
+	int rc;
+
+	if (!c || !dst || (rc = bg_check(a)))
+		return c && dst ? rc : -EINVAL;
+	const uint32_t n = a->first[a->nseg];
+
+	if (!n)
+		return 0;
+	GATHER_CK(cudaSetDevice(c->dev));
+	/* one warp per block: every block's reads go out in the first wave */
+	gather_blocks_kernel<<<(n + GATHER_WARPS - 1) / GATHER_WARPS, GATHER_WARPS * 32, 0,
+			       c->stream>>>(*a, (char *)dst);
+	GATHER_CK(cudaGetLastError());
+	return 0;
+}

@@ -1852,6 +1852,7 @@ struct mkv_fetch {
 	/* ... or gathered by one kernel straight from the mapped pinned
 	 * chunks into dev_staging; neither: packed serially + one H2D. */
 	struct gpu_gather_ctx *gather;
+	struct gpu_bg_args *bga; /* the kernel's work list, by value */
 #endif
 	struct tier_io io;  /* this context's own ring */
 	struct seg **pinned;
@@ -1928,8 +1929,12 @@ int mkv_fetch_create(struct mkv_store *s, size_t staging_bytes,
 		if (f->staging_arena &&
 		    tcuda_host_ptr_usable(s->gpu) &&
 		    tcuda_is_mapped_host(f->staging) &&
-		    gpu_gather_ctx_create(s->gpu, 1024, &f->gather))
+		    gpu_gather_ctx_create(s->gpu, 1, &f->gather))
 			f->gather = NULL;
+		if (f->gather && !(f->bga = malloc(sizeof *f->bga))) {
+			gpu_gather_ctx_destroy(f->gather);
+			f->gather = NULL;
+		}
 	}
 #endif
 	if (s->tiers[MKV_TIER_NVME]) {
@@ -1982,6 +1987,7 @@ void mkv_fetch_destroy(struct mkv_fetch *f)
 #if MKV_HAVE_CUDA
 	if (f->gather)
 		gpu_gather_ctx_destroy(f->gather);
+	free(f->bga);
 #endif
 	uring_engine_destroy(f->io.ring);
 	free(f->pinned);
@@ -1994,8 +2000,44 @@ static double s_share(const struct mkv_fetch *f)
 	return f->pool ? f->s->fetch_kernel_share : 1.0;
 }
 
-/* Pieces per gather launch while a fetch is still resolving its blocks. */
-#define FETCH_LAUNCH_PIECES 1024
+/* Blocks in the gather kernel's first launch: it starts copying while the
+ * fetch resolves the rest (which the next launch, at the end, takes). */
+#define FETCH_LAUNCH_BLOCKS 512
+
+#if MKV_HAVE_CUDA
+/* Queue the kernel's work list so far and start a new one. */
+static int bg_flush(struct mkv_fetch *f)
+{
+	struct gpu_bg_args *a = f->bga;
+	int rc = 0;
+
+	if (a->nseg && a->first[a->nseg])
+		rc = gpu_gather_ctx_launch_blocks(f->gather, a, f->dev_staging);
+	a->nseg = 0;
+	a->first[0] = 0;
+	return rc;
+}
+
+/* Open an entry for segment bytes @src of layout @l whose next staged
+ * block lands at staging byte @dst. */
+static void bg_open(struct gpu_bg_args *a, const char *src, uint64_t dst,
+		    const struct mkv_store_layout *l)
+{
+	struct gpu_bg_seg *g = &a->seg[a->nseg];
+
+	*g = (struct gpu_bg_seg){
+		.src = src, .dst = dst,
+		.values_off = (uint32_t)l->values_off,
+		.values_block = (uint32_t)l->values_block,
+		.values_len = (uint32_t)l->values_len,
+		.bitmaps_off = (uint32_t)l->bitmaps_off,
+		.bitmaps_block = (uint32_t)l->bitmaps_block,
+		.bitmaps_len = (uint32_t)l->bitmaps_len,
+	};
+	a->first[a->nseg + 1] = a->first[a->nseg];
+	a->nseg++;
+}
+#endif
 
 /* Whether tier @t's bytes can be handed out in place by this store. */
 static bool in_place(const struct mkv_store *s, int t)
@@ -2013,11 +2055,11 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	size_t total_blocks = 0, staged_bytes = 0, staged = 0, o = 0;
 	uint64_t tier_bytes[MKV_TIER_COUNT] = { 0 };
 	int64_t rc = 0;
-	/* Host-tier blocks gathered by the kernel: their pieces are laid out
-	 * while resolving (phase 1), and the kernel runs while the rest of
-	 * the fetch does its bookkeeping. */
-	struct gpu_piece_ref { const char *src; uint64_t dst, len; } *pcs = NULL;
-	uint32_t npc = 0, npub = 0, npp = 0;
+	/* Host-tier blocks gathered by the kernel: its work list (segments
+	 * and block indices, passed by value) is built while resolving
+	 * (phase 1), and the kernel runs while the rest of the fetch does its
+	 * bookkeeping. */
+	uint32_t npub = 0, npp = 0;
 	bool kernel = false, launched = false, break_kernel = false;
 	/* And/or by the context's threads, into staging + async H2D: with
 	 * both, segments go to one or the other by byte share, the pool's
@@ -2027,7 +2069,8 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	uint64_t pb = 0, kb = 0;
 	double share;
 #if MKV_HAVE_CUDA
-	uint32_t nlaunched = 0;
+	uint32_t queued = 0; /* blocks in the work list, launched or not */
+	bool first_launch = true;
 #endif
 
 	if (!f || (!req && n) || !out)
@@ -2082,15 +2125,11 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		packpool_begin(f->pool, f->pp, f->staging);
 	}
 #if MKV_HAVE_CUDA
-	/* The table is pinned memory: grow it outside the lock.  Its layout
-	 * matches struct gpu_piece (checked below). */
-	if (f->gather && s->gpu >= 0 && total_blocks) {
-		pcs = (struct gpu_piece_ref *)gpu_gather_ctx_table(
-			f->gather, (uint32_t)(2 * total_blocks));
-		kernel = pcs != NULL;
+	if (f->gather && f->bga && s->gpu >= 0 && total_blocks) {
+		kernel = true;
+		f->bga->nseg = 0;
+		f->bga->first[0] = 0;
 	}
-	_Static_assert(sizeof(struct gpu_piece_ref) == sizeof(struct gpu_piece),
-		       "piece layout");
 #endif
 
 	/*
@@ -2140,6 +2179,32 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 			rc = -EIO;
 			break;
 		}
+#if MKV_HAVE_CUDA
+		/* The kernel's blocks of this segment land back to back from
+		 * k_dst (only the last can be short: blocks are ascending),
+		 * below the kernel's earlier segments at the top of the
+		 * staging.  Past the staging: -ENOSPC below, never launched. */
+		uint64_t k_dst = 0, k_step = (uint64_t)g->layout.values_block +
+					     g->layout.bitmaps_block;
+		uint32_t k_p = 0;
+
+		if (to_k) {
+			uint64_t sb = 0;
+
+			for (uint32_t b = 0; b < req[i].n_blocks; b++) {
+				uint32_t j = req[i].blocks[b];
+				struct tier_range r[2];
+
+				if (g->hot && g->hot[j])
+					continue;
+				block_ranges(&g->layout, j, r);
+				sb += r[0].len + r[1].len;
+			}
+			kb += sb;
+			k_dst = kb <= f->staging_len ? f->staging_len - kb : 0;
+		}
+		bool k_open = false;
+#endif
 		for (uint32_t b = 0; b < req[i].n_blocks; b++) {
 			uint32_t j = req[i].blocks[b];
 			struct tier_range r[2];
@@ -2182,20 +2247,38 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 						r[1].len };
 				pb += r[0].len + r[1].len;
 			} else if (to_k) {
-				uint64_t at;
+#if MKV_HAVE_CUDA
+				struct gpu_bg_args *ka = f->bga;
+				const uint64_t at = k_dst + k_p * k_step;
 
-				kb += r[0].len + r[1].len;
-				/* past the staging: -ENOSPC below, never
-				 * launched */
-				at = kb <= f->staging_len ? f->staging_len - kb : 0;
 				f->soff[o - 1] = at;
-				if (r[0].len)
-					pcs[npc++] = (struct gpu_piece_ref){
-						base + r[0].off, at, r[0].len };
-				if (r[1].len)
-					pcs[npc++] = (struct gpu_piece_ref){
-						base + r[1].off, at + r[0].len,
-						r[1].len };
+				/* A full list goes now (within the staging:
+				 * else it is refused below); the segment
+				 * continues in the next. */
+				if (ka->nseg &&
+				    (ka->first[ka->nseg] >= GPU_BG_MAXBLK ||
+				     (!k_open && ka->nseg >= GPU_BG_MAXSEG))) {
+					if (pb + kb <= f->staging_len &&
+					    !break_kernel) {
+						if (bg_flush(f) == 0) {
+							launched = true;
+						} else {
+							kernel = false;
+							break_kernel = true;
+						}
+					}
+					ka->nseg = 0;
+					ka->first[0] = 0;
+					k_open = false;
+				}
+				if (!k_open) {
+					bg_open(ka, base, at, &g->layout);
+					k_open = true;
+				}
+				ka->blk[ka->first[ka->nseg]++] = j;
+				k_p++;
+				queued++;
+#endif
 			} else {
 				f->soff[o - 1] = 0;
 			}
@@ -2211,17 +2294,14 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 			npub = npp;
 		}
 #if MKV_HAVE_CUDA
-		/* Start copying what is laid out so far, so that the rest of
-		 * this phase runs beside the kernel (a few launches: each
-		 * costs microseconds of CPU).  Bounded by the staging size
-		 * first: nothing may land past it. */
-		if (kernel && npc - nlaunched >= FETCH_LAUNCH_PIECES &&
+		/* Start copying the first blocks while this phase resolves
+		 * the rest (one more launch takes those at the end).  Bounded
+		 * by the staging size first: nothing may land past it. */
+		if (kernel && first_launch && queued >= FETCH_LAUNCH_BLOCKS &&
 		    pb + kb <= f->staging_len) {
-			if (gpu_gather_ctx_launch(f->gather, nlaunched,
-						  npc - nlaunched,
-						  f->dev_staging) == 0) {
+			first_launch = false;
+			if (bg_flush(f) == 0) {
 				launched = true;
-				nlaunched = npc;
 			} else {
 				kernel = false; /* the rest is packed */
 				break_kernel = true;
@@ -2237,20 +2317,17 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 
 #if MKV_HAVE_CUDA
 	/*
-	 * The remaining pieces.  A launch that fails leaves the host blocks
+	 * The remaining blocks.  A launch that fails leaves the host blocks
 	 * to the packed path below (all of them: the packed copy rewrites
 	 * the ones already queued with the same bytes), and the context is
 	 * dropped for good after the wait (a device error is no reason to
 	 * retry it on every step).
 	 */
-	if (!break_kernel && npc > nlaunched) {
-		if (gpu_gather_ctx_launch(f->gather, nlaunched, npc - nlaunched,
-					  f->dev_staging) == 0) {
+	if (!break_kernel && f->bga && f->bga->nseg) {
+		if (bg_flush(f) == 0)
 			launched = true;
-			nlaunched = npc;
-		} else {
+		else
 			break_kernel = true;
-		}
 	}
 #endif
 	/*

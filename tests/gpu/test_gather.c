@@ -172,10 +172,10 @@ Test(gather, context_from_device_and_host)
 	free(hsrc);
 }
 
-/* The store's fetch: host-tier blocks land in the device staging. */
-Test(gather, store_fetch_gathers_host_blocks)
+/* The store's fetch: host-tier blocks land in the device staging.  @nseg
+ * segments of @NB blocks, selected at pct0 + round * dpct percent. */
+static void store_fetch_case(int NSEG, uint32_t NB, uint32_t pct0, uint32_t dpct)
 {
-	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	struct gu_rng g;
 	gu_rng_init(&g, seed);
@@ -188,10 +188,13 @@ Test(gather, store_fetch_gathers_host_blocks)
 	o.auto_balance = 0;
 	cr_assert_eq(mkv_store_create(&o, &s), 0);
 
-	enum { NSEG = 12, NB = 48 };
-	char *pay[NSEG];
-	struct mkv_store_layout lay[NSEG];
-	size_t len[NSEG];
+	char **pay = calloc(NSEG, sizeof *pay);
+	struct mkv_store_layout *lay = calloc(NSEG, sizeof *lay);
+	size_t *len = calloc(NSEG, sizeof *len);
+	struct mkv_fetch_req *req = calloc(NSEG, sizeof *req);
+	uint32_t *blocks = calloc((size_t)NSEG * NB, sizeof *blocks);
+	struct mkv_block_addr *out = calloc((size_t)NSEG * NB, sizeof *out);
+	cr_assert(pay && lay && len && req && blocks && out);
 	for (int i = 0; i < NSEG; i++) {
 		/* odd block sizes: pieces not multiples of 16, last one short */
 		struct mkv_store_layout *l = &lay[i];
@@ -214,20 +217,17 @@ Test(gather, store_fetch_gathers_host_blocks)
 	}
 
 	struct mkv_fetch *f = NULL;
-	cr_assert_eq(mkv_fetch_create(s, 4 << 20, &f), 0);
+	cr_assert_eq(mkv_fetch_create(s, (size_t)NSEG * NB * 1400, &f), 0);
 	for (int round = 0; round < 4; round++) {
-		struct mkv_fetch_req req[NSEG];
-		uint32_t blocks[NSEG][NB];
-		struct mkv_block_addr out[NSEG * NB];
 		size_t total = 0;
 		for (int i = 0; i < NSEG; i++) {
 			uint32_t nb = 0;
 			for (uint32_t j = 0; j < NB; j++)
-				if (gu_below(&g, 100) < 10u + 20u * (uint32_t)round)
-					blocks[i][nb++] = j;
+				if (gu_below(&g, 100) < pct0 + dpct * (uint32_t)round)
+					blocks[(size_t)i * NB + nb++] = j;
 			req[i] = (struct mkv_fetch_req){
 				.key = { .seq = 7, .seg = (uint32_t)i },
-				.blocks = blocks[i], .n_blocks = nb };
+				.blocks = blocks + (size_t)i * NB, .n_blocks = nb };
 			total += nb;
 		}
 		int64_t got = mkv_store_fetch(f, req, NSEG, round + 1, out);
@@ -235,7 +235,7 @@ Test(gather, store_fetch_gathers_host_blocks)
 		size_t o_ = 0;
 		for (int i = 0; i < NSEG; i++) {
 			for (uint32_t b = 0; b < req[i].n_blocks; b++, o_++) {
-				uint32_t j = blocks[i][b];
+				uint32_t j = blocks[(size_t)i * NB + b];
 				const struct mkv_store_layout *l = &lay[i];
 				uint64_t vo = l->values_off + j * l->values_block;
 				uint64_t bo = l->bitmaps_off + j * l->bitmaps_block;
@@ -266,4 +266,124 @@ Test(gather, store_fetch_gathers_host_blocks)
 	mkv_store_destroy(s);
 	for (int i = 0; i < NSEG; i++)
 		free(pay[i]);
+	free(pay);
+	free(lay);
+	free(len);
+	free(req);
+	free(blocks);
+	free(out);
+}
+
+Test(gather, store_fetch_gathers_host_blocks)
+{
+	GU_NEED_GPU();
+	store_fetch_case(12, 48, 10, 20);
+}
+
+/* More segments and blocks than one kernel launch takes (GPU_BG_MAXSEG,
+ * GPU_BG_MAXBLK): the work list is cut, a segment's blocks continue in
+ * the next launch. */
+Test(gather, store_fetch_over_launch_limits)
+{
+	GU_NEED_GPU();
+	store_fetch_case(GPU_BG_MAXSEG + 19, 64, 40, 15);
+}
+
+/* Random block layouts (odd sizes, short last blocks, unaligned) for the
+ * by-value kernel against gpu_gather_blocks_ref. */
+Test(gather, blocks_by_value_match_reference)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng g;
+	gu_rng_init(&g, seed);
+	const size_t src_len = (size_t)8 << 20;
+	char *msrc;
+	GU_CK(cudaHostAlloc((void **)&msrc, src_len, cudaHostAllocMapped));
+	fill_random(&g, msrc, src_len);
+	struct gpu_gather_ctx *c = NULL;
+	cr_assert_eq(gpu_gather_ctx_create(0, 1, &c), 0);
+	struct gpu_bg_args *a = calloc(1, sizeof *a);
+	cr_assert(a);
+	for (int round = 0; round < 6; round++) {
+		uint32_t nseg = 1 + gu_below(&g, GPU_BG_MAXSEG);
+		uint64_t dst = gu_below(&g, 64), src = 0;
+		a->nseg = nseg;
+		a->first[0] = 0;
+		for (uint32_t i = 0; i < nseg; i++) {
+			bool al = round % 2 == 0; /* aligned rounds: the fast path */
+			uint32_t vb = al ? 16 * (1 + gu_below(&g, 80)) : 1 + gu_below(&g, 1500);
+			uint32_t bb = al ? 16 * (1 + gu_below(&g, 20)) : 1 + gu_below(&g, 300);
+			uint32_t nb = 1 + gu_below(&g, 40);
+			uint32_t vlen = vb * nb - (al ? 0 : gu_below(&g, vb));
+			uint32_t blen = bb * nb - (al ? 0 : gu_below(&g, bb));
+			uint32_t voff = al ? 16 * gu_below(&g, 4) : gu_below(&g, 50);
+			uint32_t boff = voff + vlen + (al ? 16 * gu_below(&g, 2) : gu_below(&g, 9));
+			if (src + boff + blen > src_len)
+				src = 0;
+			struct gpu_bg_seg *sg = &a->seg[i];
+			*sg = (struct gpu_bg_seg){ .src = msrc + src, .dst = dst,
+						   .values_off = voff, .values_block = vb,
+						   .values_len = vlen, .bitmaps_off = boff,
+						   .bitmaps_block = bb, .bitmaps_len = blen };
+			src = (src + boff + blen + 64) & ~(uint64_t)(al ? 15 : 0);
+			uint32_t k = a->first[i], room = GPU_BG_MAXBLK - k;
+			for (uint32_t j = 0; j < nb && room; j++)
+				if (gu_below(&g, 100) < 30) {
+					a->blk[k++] = j;
+					room--;
+				}
+			a->first[i + 1] = k;
+			dst += (uint64_t)(k - a->first[i]) * (vb + bb) + (al ? 0 : gu_below(&g, 7));
+			if (al)
+				dst = (dst + 15) & ~(uint64_t)15;
+		}
+		size_t dst_len = dst + 64;
+		char *want = malloc(dst_len), *got = malloc(dst_len);
+		cr_assert(want && got);
+		memset(want, FILL, dst_len);
+		cr_assert_eq(gpu_gather_blocks_ref(a, want), 0);
+		char *dd = gu_dev(dst_len);
+		GU_CK(cudaMemset(dd, FILL, dst_len));
+		GU_CK(cudaDeviceSynchronize());
+		cr_assert_eq(gpu_gather_ctx_launch_blocks(c, a, dd), 0);
+		cr_assert_eq(gpu_gather_ctx_wait(c), 0);
+		GU_CK(cudaMemcpy(got, dd, dst_len, cudaMemcpyDeviceToHost));
+		for (size_t i = 0; i < dst_len; i++)
+			if (got[i] != want[i])
+				cr_assert_fail("round %d (seed %llx): byte %zu is %02x, want %02x",
+					       round, (unsigned long long)seed, i, got[i] & 0xff,
+					       want[i] & 0xff);
+		cudaFree(dd);
+		free(want);
+		free(got);
+	}
+	/* bad arguments change nothing and queue nothing */
+	char *dd = gu_dev(64);
+	a->nseg = 0;
+	cr_assert_eq(gpu_gather_ctx_launch_blocks(c, a, dd), -EINVAL);
+	a->nseg = GPU_BG_MAXSEG + 1;
+	cr_assert_eq(gpu_gather_ctx_launch_blocks(c, a, dd), -EINVAL);
+	a->nseg = 1;
+	a->first[0] = 0;
+	a->first[1] = 2;
+	a->seg[0] = (struct gpu_bg_seg){ .src = msrc, .values_block = 16, .values_len = 64,
+					 .bitmaps_off = 64, .bitmaps_block = 16,
+					 .bitmaps_len = 64 };
+	a->blk[0] = 2;
+	a->blk[1] = 1; /* not ascending */
+	cr_assert_eq(gpu_gather_ctx_launch_blocks(c, a, dd), -EINVAL);
+	a->blk[1] = 4; /* past the segment */
+	cr_assert_eq(gpu_gather_ctx_launch_blocks(c, a, dd), -EINVAL);
+	cr_assert_eq(gpu_gather_blocks_ref(a, dd), -EINVAL);
+	a->blk[1] = 3;
+	cr_assert_eq(gpu_gather_ctx_launch_blocks(NULL, a, dd), -EINVAL);
+	cr_assert_eq(gpu_gather_ctx_launch_blocks(c, NULL, dd), -EINVAL);
+	cr_assert_eq(gpu_gather_ctx_launch_blocks(c, a, NULL), -EINVAL);
+	cr_assert_eq(gpu_gather_ctx_launch_blocks(c, a, dd), 0);
+	cr_assert_eq(gpu_gather_ctx_wait(c), 0);
+	cudaFree(dd);
+	free(a);
+	gpu_gather_ctx_destroy(c);
+	cudaFreeHost(msrc);
 }
