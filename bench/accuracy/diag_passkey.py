@@ -182,6 +182,8 @@ def variant_bytes(v, d, seg_tokens=4096):
     b = fmt_bytes(kf, d) + fmt_bytes(vf, d)
     b += sum(d * d * 2 / seg_tokens for f in (kf, vf) if f != "exact")  # bf16 rotations
     s = sel.split("+")[0]
+    if "r" in s:  # a refined selection: the base's metadata
+        s = s.rsplit("r", 1)[0]
     if s == "quest":
         b += 2 * d * 2 / B
     elif s.startswith("mkvn"):
@@ -307,9 +309,19 @@ def block_scores(ex, sel, layer, q, hist):
     raise ValueError(sel)
 
 
-def select(ex, spec, layer, q, hist, Kfull=None):
-    """Token masks (H, hist) of the selected history."""
+def select(ex, spec, layer, q, hist, Kfull=None, Kref=None):
+    """Token masks (H, hist) of the selected history.
+
+    'mkvn16r2' (any base selection, then r<f>): two stages; the base
+    ranking names f x the budget's blocks as candidates, and these are
+    ranked again by the attention mass their keys in this row's format
+    (Kref) give the group's queries (softmax over the candidates, summed
+    over the group); the top ones fill the budget."""
     sel, agg = (spec.split("+") + ["max"])[:2]
+    refine = None
+    if "r" in sel.lstrip("mkvnquest") or (sel.startswith("quest") and "r" in sel[5:]):
+        base, f = sel.rsplit("r", 1)
+        sel, refine = base, float(f)
     H = q.shape[0]
     nb = (hist + B - 1) // B
     if sel == "all" or FRAC >= 1:
@@ -343,6 +355,22 @@ def select(ex, spec, layer, q, hist, Kfull=None):
                     if rk[t] not in seen:
                         seen.add(rk[t])
                         order.append(rk[t])
+        if refine is not None:
+            cand, t2 = [], taken
+            for j in order:
+                if t2 >= refine * budget:
+                    break
+                cand.append(j)
+                t2 += int(ntok[j])
+            cand = np.array(cand, dtype=np.int64)
+            if len(cand):
+                tok = (cand[:, None] * B + np.arange(B)[None, :]).reshape(-1)
+                valid = tok < hist
+                tk = torch.from_numpy(np.minimum(tok, hist - 1))
+                s_ = (q[h] @ Kref[h, tk].T) / math.sqrt(q.shape[-1])      # (G, nc*B)
+                s_ = s_.masked_fill(~torch.from_numpy(valid)[None, :], float("-inf"))
+                p_ = torch.softmax(s_, -1).reshape(q.shape[1], len(cand), B).sum(-1).sum(0)
+                order = cand[np.argsort(-p_.numpy(), kind="stable")]
         for j in order:
             if taken >= budget:
                 break
@@ -421,7 +449,7 @@ def sim_attend(layer, query):
         Kfull = None
         if sel.startswith("oracle"):
             Kfull = torch.cat([Kx, dk[b]], 1)
-        m = select(ex, sel, li, q, hist, Kfull)
+        m = select(ex, sel, li, q, hist, Kfull, Kr)
         for h in range(H):
             k = torch.cat([Kr[h, :hist][m[h]], Kx[h, hist:], dk[b, h]], 0)
             v = torch.cat([Vr[h, :hist][m[h]], Vx[h, hist:], dv[b, h]], 0)
