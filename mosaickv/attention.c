@@ -6,14 +6,19 @@
  * fed token by token, merged across segments flash-decoding style.
  */
 #include <cblas.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
 
+/* Version 1 of struct mkv_attn_opts ended at quest_b: its sizeof, padding
+ * included, is where refine begins. */
+#define ATTN_OPTS_V1 offsetof(struct mkv_attn_opts, refine)
+
 int mkv_attn_opts_init(struct mkv_attn_opts *o, size_t size)
 {
-	if (!o || !mkv_opts_size_ok(size, sizeof(*o), sizeof(*o)))
+	if (!o || (size != ATTN_OPTS_V1 && size != sizeof(*o)))
 		return -EINVAL;
 	memset(o, 0, size);
 	o->size = size;
@@ -25,9 +30,18 @@ int mkv_attn_opts_init(struct mkv_attn_opts *o, size_t size)
 	return 0;
 }
 
+double attn_refine(const struct mkv_attn_opts *o)
+{
+	return o->size >= offsetof(struct mkv_attn_opts, refine) + sizeof(double)
+		       ? o->refine : 0.0;
+}
+
 static int attn_opts_check(const struct mkv_attn_opts *o, const float *q)
 {
-	if (!o || !q || o->size != sizeof(*o) || o->n_q == 0 ||
+	if (!o || !q)
+		return -EINVAL;
+	double f = o->size == ATTN_OPTS_V1 || o->size == sizeof(*o) ? attn_refine(o) : -1.0;
+	if (!(f == 0.0 || (f >= 1.0 && f <= 16.0)) || o->n_q == 0 ||
 	    o->n_q > MKV_MAX_QHEADS || !mkv_d_valid(o->d) ||
 	    !mkv_b_valid(o->quest_b) || !(o->token_frac > 0.0 && o->token_frac <= 1.0) ||
 	    !isfinite(o->scale) || o->scale < 0.0f)
@@ -489,6 +503,162 @@ out:
 	return rc;
 }
 
+double attn_stage1_frac(const struct mkv_attn_opts *o)
+{
+	double f = attn_refine(o), x = o->token_frac;
+
+	if (f > 1.0)
+		x *= f;
+	return x < 1.0 ? x : 1.0;
+}
+
+struct rcand {
+	float mass;
+	uint32_t src, bi, idx, ntok;
+};
+
+static int rcand_cmp(const void *a, const void *b)
+{
+	const struct rcand *x = a, *y = b;
+	if (x->mass != y->mass)
+		return x->mass < y->mass ? 1 : -1;
+	return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+/*
+ * Why mass and not the bound: the bound is an upper limit of q.k over a
+ * block's 16 keys in a box, loose where a block's keys spread, so at 10%
+ * of the tokens it drops blocks a head is reading (a copied UUID's next
+ * characters: docs/ACCURACY.md).  The candidates' packed keys give the
+ * scores attention itself will use; their softmax mass, summed over the
+ * query heads, ranks like the oracle (the blocks of most exact mass).
+ */
+int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
+		    struct attn_src *src, size_t nsrc)
+{
+	if (attn_refine(o) <= 1.0)
+		return 0;
+	uint32_t nq = o->n_q;
+	size_t n_hist = 0, nc = 0, ntok = 0;
+	for (size_t i = 0; i < nsrc; i++) {
+		n_hist += src[i].k->v.n;
+		nc += src[i].n_sel;
+	}
+	if (!nc)
+		return 0;
+	size_t budget = o->token_frac >= 1.0 ? n_hist
+					     : (size_t)ceil(o->token_frac * (double)n_hist);
+	struct rcand *c = malloc(sizeof(*c) * nc);
+	uint32_t dk_max = 0;
+	for (size_t i = 0; i < nsrc; i++)
+		if (src[i].n_sel && src[i].k->v.d_keep > dk_max)
+			dk_max = src[i].k->v.d_keep;
+	float *qr = malloc(sizeof(float) * nq * (dk_max ? dk_max : 1));
+	float *kb = malloc(sizeof(float) * (dk_max ? dk_max : 1));
+	size_t btok = 0;
+	for (size_t i = 0; i < nsrc; i++)
+		btok += (size_t)src[i].n_sel * src[i].k->v.b;
+	float *sc = malloc(sizeof(float) * nq * (btok ? btok : 1));
+	float *mx = malloc(sizeof(float) * nq), *z = malloc(sizeof(float) * nq);
+	if (!c || !qr || !kb || !sc || !mx || !z) {
+		free(c);
+		free(qr);
+		free(kb);
+		free(sc);
+		free(mx);
+		free(z);
+		return -ENOMEM;
+	}
+	float scale = attn_scale(o);
+	for (uint32_t h = 0; h < nq; h++) {
+		mx[h] = -INFINITY;
+		z[h] = 0.0f;
+	}
+	/* Scores of every candidate token, per head (token-major). */
+	size_t ci = 0;
+	for (size_t i = 0; i < nsrc; i++) {
+		const struct mkv_packed_view *kv = &src[i].k->v;
+		if (!src[i].n_sel)
+			continue;
+		rotate_queries(o, q, src[i].k, kv->d_keep, qr);
+		for (uint32_t bi = 0; bi < src[i].n_sel; bi++, ci++) {
+			uint32_t j = src[i].blocks[bi], i0 = j * kv->b;
+			uint32_t rows = kv->n - i0 < kv->b ? kv->n - i0 : kv->b;
+			c[ci] = (struct rcand){.src = (uint32_t)i, .bi = bi,
+					       .idx = (uint32_t)ci, .ntok = rows};
+			for (uint32_t t = 0; t < rows; t++, ntok++) {
+				packed_unpack_row(kv, src[i].kaddr[bi].values,
+						  src[i].kaddr[bi].bitmaps, t, kb);
+				for (uint32_t h = 0; h < nq; h++) {
+					float s = scale * dot(qr + (size_t)h * kv->d_keep, kb,
+							      kv->d_keep);
+					sc[ntok * nq + h] = s;
+					mx[h] = s > mx[h] ? s : mx[h];
+				}
+			}
+		}
+	}
+	for (size_t t = 0; t < ntok; t++)
+		for (uint32_t h = 0; h < nq; h++)
+			z[h] += expf(sc[t * nq + h] - mx[h]);
+	/* Each block's mass, summed over the heads. */
+	size_t t = 0;
+	for (ci = 0; ci < nc; ci++) {
+		float m = 0.0f;
+		for (uint32_t r = 0; r < c[ci].ntok; r++, t++)
+			for (uint32_t h = 0; h < nq; h++)
+				m += expf(sc[t * nq + h] - mx[h]) / z[h];
+		c[ci].mass = m;
+	}
+	/* The sink (block 0 of the first segment) first, as in one stage. */
+	size_t first = 0, taken = 0;
+	uint8_t *keep = calloc(nc, 1);
+	if (!keep) {
+		free(c);
+		free(qr);
+		free(kb);
+		free(sc);
+		free(mx);
+		free(z);
+		return -ENOMEM;
+	}
+	if (src[0].n_sel && src[0].blocks[0] == 0) {
+		keep[0] = 1;
+		taken = c[0].ntok;
+		first = 1;
+	}
+	qsort(c + first, nc - first, sizeof(*c), rcand_cmp);
+	for (size_t k = first; k < nc && taken < budget; k++) {
+		keep[c[k].idx] = 1;
+		taken += c[k].ntok;
+	}
+	/* Compact each source in place, order kept. */
+	ci = 0;
+	for (size_t i = 0; i < nsrc; i++) {
+		uint32_t *bl = (uint32_t *)src[i].blocks;
+		struct blk_addr *ka = (struct blk_addr *)src[i].kaddr;
+		struct blk_addr *va = (struct blk_addr *)src[i].vaddr;
+		uint32_t w = 0;
+		for (uint32_t bi = 0; bi < src[i].n_sel; bi++, ci++) {
+			if (!keep[ci])
+				continue;
+			bl[w] = bl[bi];
+			ka[w] = ka[bi];
+			va[w] = va[bi];
+			w++;
+		}
+		src[i].n_sel = w;
+	}
+	free(keep);
+	free(c);
+	free(qr);
+	free(kb);
+	free(sc);
+	free(mx);
+	free(z);
+	return 0;
+}
+
 int attn_select(const struct mkv_attn_opts *o, const float *q,
 		const struct mkv_segment *const *k, size_t nseg, uint8_t *mask)
 {
@@ -542,8 +712,13 @@ int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
 	rc = -ENOMEM;
 	if (!mask || !src || !blocks || !ka || !va)
 		goto out;
-	if ((rc = attn_select(o, q, k, nseg, mask)))
-		goto out;
+	{
+		struct mkv_attn_opts o1 = *o;
+
+		o1.token_frac = attn_stage1_frac(o);
+		if ((rc = attn_select(&o1, q, k, nseg, mask)))
+			goto out;
+	}
 	/* In-memory segments: every block's address is in place. */
 	size_t ci = 0, w = 0;
 	for (size_t i = 0; i < nseg; i++) {
@@ -559,6 +734,8 @@ int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
 			w++;
 		}
 	}
+	if ((rc = attn_refine_sel(o, q, src, nseg)))
+		goto out;
 	rc = attend_blocks(o, q, src, nseg, win, out, st);
 out:
 	free(mask);
@@ -624,7 +801,7 @@ int64_t mkv_select_blocks(const struct mkv_attn_opts *o, const float *q,
 		return -ENOMEM;
 	}
 	score_all(o, q, k, nseg, c, qr);
-	size_t nsel = select_blocks(c, nb, n_hist, o->token_frac, mask);
+	size_t nsel = select_blocks(c, nb, n_hist, attn_stage1_frac(o), mask);
 	size_t w = 0, ci = 0;
 	for (size_t i = 0; i < nseg; i++)
 		for (uint32_t j = 0; j < k[i]->v.n_blocks; j++, ci++)

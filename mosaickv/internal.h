@@ -68,6 +68,21 @@ MKV_HIDDEN int attn_select(const struct mkv_attn_opts *o, const float *q,
 			   uint8_t *mask);
 /* Validate attention options and queries as the public entries do. */
 MKV_HIDDEN int attn_check(const struct mkv_attn_opts *o, const float *q);
+/* o->refine, 0 for a version-1 struct. */
+MKV_HIDDEN double attn_refine(const struct mkv_attn_opts *o);
+/* The share of the history the first stage selects: token_frac, times
+ * refine when that is > 1 (at most 1). */
+MKV_HIDDEN double attn_stage1_frac(const struct mkv_attn_opts *o);
+/*
+ * The second stage of a refined selection (o->refine > 1): @src holds the
+ * first stage's candidates (their packed K at kaddr, readable here); keep
+ * the sink and the blocks of most attention mass until o->token_frac of
+ * the history, dropping the others from @src in place (its blocks, kaddr
+ * and vaddr arrays must be the caller's own, writable).  Nothing happens
+ * for refine <= 1.  Returns 0 or -ENOMEM (src unchanged).
+ */
+MKV_HIDDEN int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
+			       struct attn_src *src, size_t nsrc);
 
 /* Decode row @t of packed rows starting at @vals/@bms (a whole segment's
  * arrays, or one block's) into v->d_keep floats, rotated space. */

@@ -53,6 +53,7 @@ static void seq_opts_defaults(struct mkv_seq_opts *o, size_t size)
 	o->value_bits = size > SEQ_OPTS_V1 ? 6 : 0;
 	o->adaptive = size > SEQ_OPTS_V1 ? 0 : 1;
 	o->summary_channels = 0;
+	o->refine = 0.0;
 }
 
 /* Internal: summary_channels of a version-1 caller, "S = r". */
@@ -109,6 +110,8 @@ static bool seq_opts_valid(const struct mkv_seq_opts *o)
 	    o->max_segment == 0 || o->max_segment > MKV_MAX_N ||
 	    o->min_segment == 0 || o->min_segment > o->max_segment ||
 	    o->window > 4096 || o->drop > 1 || o->device_attend > 1)
+		return false;
+	if (!(o->refine == 0.0 || (o->refine >= 1.0 && o->refine <= 16.0)))
 		return false;
 	if (!(o->token_frac > 0 && o->token_frac <= 1) ||
 	    !(o->loss_threshold > 0 && o->loss_threshold <= 1) ||
@@ -1206,6 +1209,7 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 	ao.n_q = s->o.q_per_kv;
 	ao.d = s->o.d;
 	ao.token_frac = s->o.token_frac;
+	ao.refine = s->o.refine;
 	int rc = attn_check(&ao, q);
 	if (rc)
 		return rc;
@@ -1213,7 +1217,7 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 		return -EINVAL;
 	apply_done(s);
 	s->step++;
-	if (stream && s->gpu)
+	if (stream && s->gpu && attn_refine(&ao) <= 1.0)
 		return seqgpu_attend_host(s, layer, q, out, stream);
 	size_t d = s->o.d, gq = (size_t)s->o.q_per_kv * d;
 	uint64_t fetch_bytes = 0, attend_bytes = 0;
@@ -1262,8 +1266,15 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 			const float *qh = q + h * gq;
 			if (!mask || !src || !blocks || !ka || !va || !req || !fa || !full)
 				goto inner;
-			if ((rc = attn_select(&ao, qh, kp, m, mask)))
-				goto inner;
+			{
+				/* Refined: the bound names the candidates here,
+				 * attn_refine_sel keeps the budget below. */
+				struct mkv_attn_opts o1 = ao;
+
+				o1.token_frac = attn_stage1_frac(&ao);
+				if ((rc = attn_select(&o1, qh, kp, m, mask)))
+					goto inner;
+			}
 			l->npred = l->npblocks = 0;
 			size_t ci = 0, wpos = 0, nreq = 0, nfetch = 0;
 			for (size_t i = 0; i < m; i++) {
@@ -1333,6 +1344,8 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 				.v = l->rawv + (size_t)(hist - l->raw_start) * d,
 				.dtype = MKV_DTYPE_F32, .n = w};
 			struct mkv_attn_stats ast;
+			if ((rc = attn_refine_sel(&ao, qh, src, m)))
+				goto inner;
 			rc = attend_blocks(&ao, qh, src, m, w ? &win : NULL, out + h * gq, &ast);
 			attend_bytes += ast.bytes_read;
 			if (nreq)
@@ -1367,7 +1380,7 @@ int mkv_seq_attend_dev(struct mkv_seq *s, uint32_t layer, const float *q,
 		return -EINVAL;
 	if (!s->gpu)
 		return -MKV_ENODEV;
-	if (!lh_of(s, layer, 0)->n)
+	if (!lh_of(s, layer, 0)->n || s->o.refine > 1.0)
 		return -EINVAL;
 	apply_done(s);
 	s->step++;

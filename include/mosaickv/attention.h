@@ -42,6 +42,16 @@ struct mkv_attn_opts {
 	double token_frac;   /* share of history tokens selected, in (0, 1];
 	                      * 1 selects every block.  Default 0.1 */
 	uint32_t quest_b;    /* Quest's block size: 8, 16, 32 or 64.  Default 16 */
+	/* Version 2 (a caller passing version 1's size gets refine = 0). */
+	double refine;       /* 0 or 1: blocks by their bound score alone.
+	                      * f in (1, 16]: two stages.  The bound names
+	                      * blocks until f x the budget's tokens are
+	                      * candidates; their packed keys then score them
+	                      * exactly (softmax mass over the candidates,
+	                      * summed over the n_q heads) and the budget is
+	                      * filled from the top.  Reads the keys of f x
+	                      * the budget, attends the budget.  CPU paths
+	                      * only (the GPU ones refuse it).  Default 0 */
 };
 
 MKV_API int mkv_attn_opts_init(struct mkv_attn_opts *o, size_t size);
@@ -111,7 +121,9 @@ MKV_API int mkv_score_blocks(const struct mkv_attn_opts *o, const float *q,
 			     const struct mkv_segment *k, float *scores);
 
 /*
- * The selection mkv_attend_packed() makes over @k[0..nseg): writes up to
+ * The selection mkv_attend_packed() makes over @k[0..nseg) by the bound
+ * (with o->refine > 1: its first stage, at refine x token_frac; the
+ * second needs the packed keys and is not applied here): writes up to
  * @cap refs into @sel, ordered by (seg, block), and returns how many blocks
  * are selected (which may exceed @cap; then only @cap are written).
  * Returns -EINVAL, -MKV_ESHAPE, -MKV_ENONFINITE, -ENOMEM on failure.

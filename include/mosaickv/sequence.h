@@ -123,6 +123,16 @@ struct mkv_seq_opts {
 	                          * The block score adds a bound on the rest,
 	                          * so S trades score bytes for tightness
 	                          * (docs/ACCURACY.md).  Version 1: S = r */
+	/* Version 3 (a version-1 or -2 caller gets refine = 0). */
+	double refine;           /* 0 (default) or 1: blocks chosen by their
+	                          * bound score alone; f in (1, 16]: two-stage
+	                          * selection (mkv_attn_opts.refine): the bound
+	                          * names f x token_frac of the history, the
+	                          * candidates' keys are fetched and scored,
+	                          * the top token_frac attended.  The host path
+	                          * only: a sequence with refine > 1 attends on
+	                          * the CPU even with device copies, and
+	                          * mkv_seq_attend_dev refuses it (-EINVAL) */
 };
 
 MKV_API int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size);
@@ -204,7 +214,9 @@ MKV_API int mkv_seq_append(struct mkv_seq *const *seqs, size_t n,
  * the window in bf16).
  * Returns 0, or -EINVAL (NULL, bad layer, no tokens), -MKV_ENONFINITE,
  * -ENOMEM, an error of the store's fetch, or of the device path (as
- * mkv_seq_attend_dev).
+ * mkv_seq_attend_dev).  With refine > 1 the CPU path runs: both stages
+ * fetch from the store at once (the candidates' K and V blocks), so its
+ * fetch_bytes count refine x the budget's blocks.
  */
 MKV_API int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 			   float *out, void *stream);

@@ -25,7 +25,7 @@ class EncodeOpts(C.Structure):
 class AttnOpts(C.Structure):
     _fields_ = [("size", C.c_size_t), ("n_q", C.c_uint32), ("d", C.c_uint32),
                 ("scale", C.c_float), ("token_frac", C.c_double),
-                ("quest_b", C.c_uint32)]
+                ("quest_b", C.c_uint32), ("refine", C.c_double)]
 
 
 class DenseKV(C.Structure):

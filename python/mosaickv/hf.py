@@ -117,7 +117,9 @@ class MosaicCache(Cache):
     token_frac, window, prefill_segment, ...).  The defaults are the
     library's: 10% of the tokens, and r = 0, the default budget (the bytes
     of d/4 bf16 values per vector, spent on 5d/8 values of 6 bits);
-    adaptive=True chooses r per segment from loss_threshold.  `store` may be shared between caches; by default each
+    adaptive=True chooses r per segment from loss_threshold; refine=2 selects
+    blocks in two stages (the bound names twice the budget, the keys pick
+    it: docs/ACCURACY.md), on the CPU path.  `store` may be shared between caches; by default each
     cache makes its own store when it sees its first K/V: on their CUDA
     device if they are on one (hbm_bytes sizes its top tier there), in
     host memory otherwise."""

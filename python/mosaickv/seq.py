@@ -39,7 +39,7 @@ class SeqOpts(C.Structure):
                 ("store_dtype", C.c_int), ("lag_cap", C.c_size_t),
                 ("staging_bytes", C.c_size_t), ("device_attend", C.c_uint32),
                 ("value_bits", C.c_uint32), ("adaptive", C.c_uint32),
-                ("summary_channels", C.c_uint32)]
+                ("summary_channels", C.c_uint32), ("refine", C.c_double)]
 
 
 class SeqStats(C.Structure):
@@ -137,13 +137,18 @@ def default_r(d, value_bits=6, g=1):
 
 
 class Sequence:
-    """One request's cache: layers × kv_heads of compressed segments."""
+    """One request's cache: layers × kv_heads of compressed segments.
+
+    Options mirror struct mkv_seq_opts.  refine > 1 turns on two-stage
+    block selection: the bound names refine × token_frac of the history,
+    those blocks' packed keys score them, the top token_frac is attended
+    (more keys read per step; CPU path only)."""
 
     def __init__(self, store, seq_id, *, layers, kv_heads, q_per_kv, d,
                  r=0, g=1, b=16, drop=False, token_frac=0.1, window=64,
                  prefill_segment=4096, min_segment=256, max_segment=65536,
                  loss_threshold=0.3, store_dtype="bf16", value_bits=6,
-                 adaptive=False, summary_channels=0):
+                 adaptive=False, summary_channels=0, refine=0.0):
         o = SeqOpts()
         _check(_L.mkv_seq_opts_init(C.byref(o), C.sizeof(o)),
                "sequence options (binding out of date?)")
@@ -154,6 +159,8 @@ class Sequence:
         o.loss_threshold = loss_threshold
         o.value_bits, o.adaptive = value_bits, int(adaptive)
         o.summary_channels = summary_channels
+        o.refine = refine
+        self.refine = refine
         o.store_dtype = _lib.MKV_DTYPE_F32 if store_dtype == "f32" else _lib.MKV_DTYPE_BF16
         self.store = store  # keeps the store alive
         self.layers, self.kv_heads, self.q_per_kv, self.d = layers, kv_heads, q_per_kv, d
@@ -219,10 +226,12 @@ class Sequence:
         device, with the sequence on the device, runs PackedAttention on
         the GPU in torch's current stream (mkv_seq_attend_dev: no host
         copy, no synchronization) and returns a CUDA tensor; any other
-        tensor is copied to the host and back."""
+        tensor, and every one when refine > 1 (two-stage selection runs on
+        the CPU only), is copied to the host and back."""
         if _is_tensor(q):
             torch = _torch()
-            if q.is_cuda and self._device_index() == q.device.index and self.on_device():
+            if (q.is_cuda and self._device_index() == q.device.index and self.on_device()
+                    and self.refine <= 1):
                 q32 = q.detach().to(torch.float32).contiguous()
                 out = torch.empty_like(q32)
                 stream = torch.cuda.current_stream(q.device).cuda_stream

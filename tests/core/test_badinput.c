@@ -644,7 +644,11 @@ Test(badinput, opts_init_wrong_size)
 	cr_assert_eq(v.row_bytes, 16 * 2);
 	mkv_segment_destroy(s);
 	INIT_SIZE_CASE(struct mkv_strategy_opts, mkv_strategy_opts_init);
-	INIT_SIZE_CASE(struct mkv_attn_opts, mkv_attn_opts_init);
+	/* Version 1 of struct mkv_attn_opts ended at quest_b (no refine). */
+	INIT_SIZE_CASE_V(struct mkv_attn_opts, mkv_attn_opts_init,
+			 offsetof(struct mkv_attn_opts, refine));
+	struct mkv_attn_opts a1;
+	EXPECT_RC(mkv_attn_opts_init(&a1, offsetof(struct mkv_attn_opts, refine) + 4), -EINVAL);
 }
 
 Test(badinput, opts_struct_wrong_size)

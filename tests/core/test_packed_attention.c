@@ -9,7 +9,9 @@
  * of different lengths and block sizes plus a dense window.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -459,4 +461,189 @@ Test(packed_attention, default_compression_bounded)
 	check_lossy(64, false);
 	check_lossy(128, false);
 	check_lossy(256, false);
+}
+
+/*
+ * Two-stage selection (mkv_attn_opts.refine): the first stage is the
+ * bound's selection at refine x token_frac (mkv_select_blocks gives it);
+ * the reference then scores those candidates' keys, reconstructed in
+ * double from the views, ranks them by softmax mass over the candidates
+ * summed over the heads, keeps the sink and the top ones until the
+ * budget, and attends them plus the window.  Over the trials the refined
+ * set must differ from the one-stage set at least once, or the test would
+ * not exercise the second stage.
+ */
+static int refine_trial(struct th_rng *g, uint64_t seed, uint32_t d, double refine)
+{
+	uint32_t nq = 4;
+	struct ctx c;
+	ctx_init(&c, g, d, nq, MKV_DTYPE_BF16, 3, 16, true);
+	struct mkv_encode_opts eo;
+	cr_assert_eq(mkv_encode_opts_init(&eo, sizeof eo), 0);
+	eo.d = d;
+	eo.value_bits = 6;
+	eo.r = d * 5 / 8;
+	cr_assert_eq(ctx_encode(&c, &eo), 0);
+	struct mkv_attn_opts ao;
+	attn_opts(&ao, d, nq, 0.1);
+	ao.refine = refine;
+	size_t nb = ctx_blocks(&c), n_hist = c.ntot - c.nwin;
+	struct mkv_block_ref *cand = th_alloc(nb * sizeof *cand);
+	struct mkv_block_ref *one = th_alloc(nb * sizeof *one);
+	int64_t nc = mkv_select_blocks(&ao, c.q, (const struct mkv_segment *const *)c.ks,
+				       c.nseg, cand, nb);
+	cr_assert_gt(nc, 0);
+	struct mkv_attn_opts a1 = ao;
+	a1.refine = 0.0;
+	int64_t n1 = mkv_select_blocks(&a1, c.q, (const struct mkv_segment *const *)c.ks,
+				       c.nseg, one, nb);
+	cr_assert_gt(n1, 0);
+	cr_assert_geq(nc, n1, "the first stage names at least the budget");
+	/* Reconstructed K and V of every segment, and each one's first token. */
+	double *kr[8], *vr[8];
+	for (uint32_t s = 0; s < c.nseg; s++) {
+		struct mkv_packed_view kv, vv;
+		cr_assert_eq(mkv_segment_view(c.ks[s], &kv), 0);
+		cr_assert_eq(mkv_segment_view(c.vs[s], &vv), 0);
+		kr[s] = th_alloc(c.lens[s] * d * sizeof(double));
+		vr[s] = th_alloc(c.lens[s] * d * sizeof(double));
+		th_view_reconstruct(&kv, kr[s]);
+		th_view_reconstruct(&vv, vr[s]);
+	}
+	/* Scores of the candidates' tokens, per head. */
+	double scale = 1.0 / sqrt(d);
+	size_t ntok = 0;
+	for (int64_t i = 0; i < nc; i++) {
+		uint32_t s = cand[i].seg, b = c.bs[s], i0 = cand[i].block * b;
+		ntok += c.lens[s] - i0 < b ? c.lens[s] - i0 : b;
+	}
+	double *sc = th_alloc(ntok * nq * sizeof *sc), mx[4], z[4] = {0};
+	for (uint32_t h = 0; h < nq; h++)
+		mx[h] = -INFINITY;
+	size_t t = 0;
+	for (int64_t i = 0; i < nc; i++) {
+		uint32_t s = cand[i].seg, b = c.bs[s], i0 = cand[i].block * b;
+		uint32_t rows = c.lens[s] - i0 < b ? (uint32_t)(c.lens[s] - i0) : b;
+		for (uint32_t r = 0; r < rows; r++, t++)
+			for (uint32_t h = 0; h < nq; h++) {
+				double x = 0;
+				for (uint32_t e = 0; e < d; e++)
+					x += c.qref[h * d + e] * kr[s][(size_t)(i0 + r) * d + e];
+				sc[t * nq + h] = scale * x;
+				mx[h] = fmax(mx[h], scale * x);
+			}
+	}
+	for (size_t u = 0; u < ntok; u++)
+		for (uint32_t h = 0; h < nq; h++)
+			z[h] += exp(sc[u * nq + h] - mx[h]);
+	double *mass = th_alloc((size_t)nc * sizeof *mass);
+	t = 0;
+	for (int64_t i = 0; i < nc; i++) {
+		uint32_t s = cand[i].seg, b = c.bs[s], i0 = cand[i].block * b;
+		uint32_t rows = c.lens[s] - i0 < b ? (uint32_t)(c.lens[s] - i0) : b;
+		for (uint32_t r = 0; r < rows; r++, t++)
+			for (uint32_t h = 0; h < nq; h++)
+				mass[i] += exp(sc[t * nq + h] - mx[h]) / z[h];
+	}
+	/* The sink, then by mass (ties: the earlier block) to the budget. */
+	size_t budget = (size_t)ceil(0.1 * (double)n_hist), taken = 0;
+	uint8_t *keep = th_alloc((size_t)nc);
+	cr_assert(cand[0].seg == 0 && cand[0].block == 0, "the sink is a candidate");
+	keep[0] = 1;
+	taken = c.lens[0] < c.bs[0] ? c.lens[0] : c.bs[0];
+	while (taken < budget) {
+		int64_t best = -1;
+		for (int64_t i = 1; i < nc; i++)
+			if (!keep[i] && (best < 0 || mass[i] > mass[best]))
+				best = i;
+		if (best < 0)
+			break;
+		keep[best] = 1;
+		uint32_t s = cand[best].seg, b = c.bs[s], i0 = cand[best].block * b;
+		taken += c.lens[s] - i0 < b ? c.lens[s] - i0 : b;
+	}
+	/* The reference: the kept blocks' tokens and the window. */
+	double *K = th_alloc(c.ntot * d * sizeof(double)), *V = th_alloc(c.ntot * d * sizeof(double));
+	size_t n = 0, kept = 0;
+	int differs = 0;
+	for (int64_t i = 0; i < nc; i++) {
+		bool in_one = false;
+		for (int64_t j = 0; j < n1; j++)
+			in_one |= one[j].seg == cand[i].seg && one[j].block == cand[i].block;
+		differs |= (keep[i] != 0) != in_one;
+		if (!keep[i])
+			continue;
+		kept++;
+		uint32_t s = cand[i].seg, b = c.bs[s], i0 = cand[i].block * b;
+		uint32_t rows = c.lens[s] - i0 < b ? (uint32_t)(c.lens[s] - i0) : b;
+		memcpy(K + n * d, kr[s] + (size_t)i0 * d, rows * d * sizeof(double));
+		memcpy(V + n * d, vr[s] + (size_t)i0 * d, rows * d * sizeof(double));
+		n += rows;
+	}
+	memcpy(K + n * d, c.kref + (c.ntot - c.nwin) * d, c.nwin * d * sizeof(double));
+	memcpy(V + n * d, c.vref + (c.ntot - c.nwin) * d, c.nwin * d * sizeof(double));
+	n += c.nwin;
+	double *ref = th_alloc((size_t)nq * d * sizeof *ref);
+	th_attention(nq, d, scale, c.qref, K, V, n, ref);
+	float *out = th_alloc((size_t)nq * d * sizeof *out);
+	struct mkv_dense_kv win = ctx_window(&c);
+	struct mkv_attn_stats st;
+	cr_assert_eq(mkv_attend_packed(&ao, c.q, (const struct mkv_segment *const *)c.ks,
+				       (const struct mkv_segment *const *)c.vs, c.nseg, &win,
+				       out, &st), 0);
+	cr_assert_eq(st.blocks_selected, kept, "seed=%llu: %zu blocks attended, want %zu",
+		     (unsigned long long)seed, st.blocks_selected, kept);
+	double err = th_rel_err_fd(out, ref, (size_t)nq * d);
+	cr_assert(err < 1e-3, "seed=%llu d=%u refine %g: rel err %.3g",
+		  (unsigned long long)seed, d, refine, err);
+	for (uint32_t s = 0; s < c.nseg; s++) {
+		free(kr[s]);
+		free(vr[s]);
+	}
+	free(cand);
+	free(one);
+	free(sc);
+	free(mass);
+	free(keep);
+	free(K);
+	free(V);
+	free(ref);
+	free(out);
+	ctx_free(&c);
+	return differs;
+}
+
+Test(packed_attention, refine_two_stages_match_reference)
+{
+	uint64_t seed = th_seed();
+	struct th_rng g;
+	th_rng_init(&g, seed);
+	int differs = 0;
+	for (int trial = 0; trial < 12; trial++)
+		differs += refine_trial(&g, seed, trial % 2 ? 128 : 64, trial % 3 ? 2.0 : 3.0);
+	cr_assert_gt(differs, 0, "seed=%llu: the second stage never changed the set",
+		     (unsigned long long)seed);
+	cr_log_info("refine: the set differed from one stage's in %d of 12 trials\n", differs);
+}
+
+Test(packed_attention, refine_bad_values_refused)
+{
+	struct mkv_attn_opts ao;
+	float q[64] = {1};
+	struct mkv_dense_kv win = {.k = q, .v = q, .dtype = MKV_DTYPE_F32, .n = 1};
+	float out[64];
+	attn_opts(&ao, 64, 1, 0.1);
+	const double bad[] = {-1.0, 0.5, 16.5, NAN, INFINITY};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		ao.refine = bad[i];
+		cr_assert_eq(mkv_attend_packed(&ao, q, NULL, NULL, 0, &win, out, NULL), -EINVAL,
+			     "refine %g", bad[i]);
+	}
+	/* A version-1 caller (no refine field) is accepted: one stage. */
+	struct mkv_attn_opts v1;
+	size_t v1_size = offsetof(struct mkv_attn_opts, refine);
+	memset(&v1, 0xff, sizeof v1);
+	cr_assert_eq(mkv_attn_opts_init(&v1, v1_size), 0);
+	v1.d = 64;
+	cr_assert_eq(mkv_attend_packed(&v1, q, NULL, NULL, 0, &win, out, NULL), 0);
 }

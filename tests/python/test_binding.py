@@ -89,6 +89,49 @@ def main():
     check(stats["swaps"] > 0, "sequence swapped")
     seq.close()
     st.close()
+    # Two-stage selection (refine): with refine = 1 / token_frac every
+    # block is a candidate, so the attended blocks are the sink and the
+    # blocks of most softmax mass (summed over the group) up to the budget;
+    # lossless keys (r = d, f32) make that computable here exactly.
+    st = Store(gpu=-1, hbm_bytes=4 << 20, host_bytes=64 << 20)
+    H, G, d, n0, w, frac = 2, 3, 64, 300, 8, 0.2
+    seq = Sequence(st, 79, layers=1, kv_heads=H, q_per_kv=G, d=d, r=d, token_frac=frac,
+                   refine=1 / frac, store_dtype="f32", value_bits=0, prefill_segment=128,
+                   min_segment=16, window=w)
+    k = rng.standard_normal((H, n0, d)).astype(np.float32)
+    v = rng.standard_normal((H, n0, d)).astype(np.float32)
+    seq.prefill(0, k, v)
+    seq.sync()
+    q = 2 * rng.standard_normal((H * G, d)).astype(np.float32)
+    out = seq.attend(0, q)
+    hist = n0 - w
+    budget = int(np.ceil(frac * hist))
+    worst = 0.0
+    for h in range(H):
+        qh = q[h * G:(h + 1) * G].astype(np.float64)
+        s_ = qh @ k[h, :hist].T.astype(np.float64) / np.sqrt(d)
+        p_ = np.exp(s_ - s_.max(1, keepdims=True))
+        p_ /= p_.sum(1, keepdims=True)
+        nb = (hist + 15) // 16
+        mass = np.array([p_[:, 16 * j:16 * j + 16].sum() for j in range(nb)])
+        keep, taken = [0], min(16, hist)
+        for j in sorted(range(1, nb), key=lambda j: (-mass[j], j)):
+            if taken >= budget:
+                break
+            keep.append(j)
+            taken += min(16, hist - 16 * j)
+        toks = np.concatenate([np.arange(16 * j, min(16 * j + 16, hist)) for j in sorted(keep)]
+                              + [np.arange(hist, n0)])
+        ref = softmax_attention(q[h * G:(h + 1) * G], k[h, toks], v[h, toks])
+        worst = max(worst, np.linalg.norm(out[h * G:(h + 1) * G] - ref) / np.linalg.norm(ref))
+    check(worst < 1e-5, f"refine: the top-mass blocks attended (worst {worst:.3g})")
+    seq.close()
+    try:
+        Sequence(st, 80, layers=1, kv_heads=H, q_per_kv=G, d=d, refine=0.5)
+        check(False, "refine=0.5 accepted")
+    except mkv.MosaicError as e:
+        check(e.errno == 22, "refine=0.5 gives EINVAL")
+    st.close()
     # Offload and prefetch at the default compression: the offloaded
     # layer attends to the same output from pinned host memory, and the
     # prefetched selection is read from the top tier again.
