@@ -69,6 +69,7 @@
 #include "io/uring.h"
 #include "mkv_config.h"
 #include "mosaickv/packpool.h"
+#include "mosaickv/store_internal.h"
 #include "tiers/tier.h"
 
 #if MKV_HAVE_CUDA
@@ -165,6 +166,7 @@ struct gpu_fig {
 	double gather, gather4, gather2, mapped, kernel, kernel_up;
 	double h2d, h2d_big, per_block;
 	double bytes, blocks;
+	double book_us; /* mkv_store_fetch with fetch_mapped: bookkeeping alone */
 };
 
 #if MKV_HAVE_CUDA
@@ -385,8 +387,9 @@ static void diag_pack(struct mkv_fetch *fm, struct mkv_fetch_req *req,
 static void fetch_pass(struct mkv_fetch *f, struct mkv_fetch_req *req,
 		       const uint32_t *sel, uint32_t per, uint32_t nblk,
 		       char *dbuf, const char *hbuf, int steps, double *tf,
-		       double *th)
+		       double *th, double *tr)
 {
+	(void)tr; /* phase times (steps x 8), in a -DMKV_FETCH_TRACE=1 build */
 	struct mkv_block_addr *out = calloc(nblk, sizeof *out);
 
 	for (int st = 0; st <= steps; st++) {
@@ -406,6 +409,10 @@ static void fetch_pass(struct mkv_fetch *f, struct mkv_fetch_req *req,
 		}
 		for (uint32_t k = 0; k < nblk; k++)
 			sb += out[k].values_bytes + out[k].bitmaps_bytes;
+#if MKV_FETCH_TRACE
+		if (tr && st > 0)
+			store_fetch_trace(f, tr + 8 * (st - 1));
+#endif
 		t0 = now();
 		CU(cudaMemcpy(dbuf, hbuf, sb, cudaMemcpyHostToDevice));
 		dt_h = now() - t0;
@@ -426,7 +433,7 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	struct gpu_gather_ctx *gc;
 	struct mkv_block_addr *out;
 	struct cudaDeviceProp prop;
-	double *tg, *tm, *tk, *tu, *th, *tp, *t4, *t2, t0;
+	double *tg, *tm, *tk, *tu, *th, *tp, *t4, *t2, *tbk, t0;
 	uint32_t nb, per, nblk;
 	size_t bytes = 0, max_bytes = 0;
 	char *hbuf, *dbuf;
@@ -454,6 +461,7 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	tp = calloc((size_t)steps, sizeof *tp);
 	t4 = calloc((size_t)steps, sizeof *t4);
 	t2 = calloc((size_t)steps, sizeof *t2);
+	tbk = calloc((size_t)steps, sizeof *tbk);
 	/* Byte count of a step (equal for every step up to the odd short
 	 * last block: take the largest for the staging sizes). */
 	CK(mkv_fetch_create(sm, (size_t)32 << 20, &fm));
@@ -485,15 +493,33 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	 * another store's spinning threads would take the cores this one's
 	 * need (the H2D figure is the median over all passes).
 	 */
+	double *trace = calloc((size_t)steps * 8, sizeof *trace);
+
 	fetch_pass(f2, req, sel, per, nblk, dbuf, hbuf, steps, t2,
-		   th + 2 * steps);
-	fetch_pass(fg, req, sel, per, nblk, dbuf, hbuf, steps, tg, th);
-	fetch_pass(f4, req, sel, per, nblk, dbuf, hbuf, steps, t4, th + steps);
+		   th + 2 * steps, NULL);
+	fetch_pass(fg, req, sel, per, nblk, dbuf, hbuf, steps, tg, th, trace);
+	fetch_pass(f4, req, sel, per, nblk, dbuf, hbuf, steps, t4, th + steps, NULL);
+#if MKV_FETCH_TRACE
+	{
+		double col[1024];
+		int ns = steps < 1024 ? steps : 1024;
+
+		printf("trace: fetch_gather phases, median us since the call:");
+		for (int k = 1; k <= 6; k++) {
+			for (int i = 0; i < ns; i++)
+				col[i] = trace[8 * i + k];
+			printf(" %d=%.1f", k, median(col, ns));
+		}
+		printf("  (1 locked, 2 phase 1 done, 3 last launch, 4 selection "
+		       "recorded, 5 copies done, 6 return)\n");
+	}
+#endif
+	free(trace);
 	{
 		/* Drift check: the first pass again. */
 		double *tr = calloc(steps, sizeof *tr), *hr = calloc(steps, sizeof *hr);
 
-		fetch_pass(f2, req, sel, per, nblk, dbuf, hbuf, steps, tr, hr);
+		fetch_pass(f2, req, sel, per, nblk, dbuf, hbuf, steps, tr, hr, NULL);
 		printf("diag: threads-only pass repeated last: %.2f GB/s "
 		       "(first: %.2f)\n", median(tr, steps) * 1e-9,
 		       median(t2, steps) * 1e-9);
@@ -510,6 +536,7 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 		/* fetch_mapped + the kernel that reads the blocks in place */
 		t0 = now();
 		int64_t got = mkv_store_fetch(fm, req, NSEG, (uint64_t)st + 2, out);
+		double dt_b = now() - t0;
 		CK(got);
 		for (uint32_t k = 0; k < nblk; k++)
 			sb += out[k].values_bytes + out[k].bitmaps_bytes;
@@ -545,6 +572,7 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 			continue;
 
 		tm[st - 1] = (double)sb / dt_m;
+		tbk[st - 1] = dt_b * 1e6;
 		tk[st - 1] = (double)sb / dt_k;
 		tu[st - 1] = (double)sb / dt_u;
 		th[3 * steps + st - 1] = (double)sb / dt_h;
@@ -587,6 +615,7 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	fig->kernel = median(tk, steps) * 1e-9;
 	fig->kernel_up = median(tu, steps) * 1e-9;
 	fig->per_block = median(tp, steps) * 1e-9;
+	fig->book_us = median(tbk, steps);
 	fig->h2d = median(th, 4 * steps) * 1e-9;
 	fig->bytes = (double)bytes;
 	fig->blocks = nblk;
@@ -638,6 +667,7 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	free(tp);
 	free(t4);
 	free(t2);
+	free(tbk);
 }
 #endif /* MKV_HAVE_CUDA */
 
@@ -1020,7 +1050,7 @@ int main(int argc, char **argv)
 	unsigned batch = 64, nthreads = 2;
 	int rounds = 3, steps = 50, lz4 = 0, no_gpu = 0, have_gpu = 0;
 	struct gpu_fig g = { NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
-			     0, 0 };
+			     0, 0, NAN };
 	struct nvme_fig nf;
 	struct utsname un;
 
@@ -1073,9 +1103,11 @@ int main(int argc, char **argv)
 		printf("  %-34s %8.2f GB/s  %.2fx h2d\n",
 		       "fetch_mapped + in-place read", g.mapped, g.mapped / g.h2d);
 		printf("  %-34s %8.2f GB/s  %.2fx h2d\n",
-		       "gather kernel alone", g.kernel, g.kernel / g.h2d);
+		       "piece kernel alone (table read)", g.kernel, g.kernel / g.h2d);
+		printf("  %-34s %8.1f us per fetch\n",
+		       "store bookkeeping (fetch_mapped)", g.book_us);
 		printf("  %-34s %8.2f GB/s  %.2fx h2d\n",
-		       "gather kernel, table uploaded", g.kernel_up,
+		       "piece kernel, table uploaded", g.kernel_up,
 		       g.kernel_up / g.h2d);
 		printf("  %-34s %8.2f GB/s  %.3fx h2d\n",
 		       "per-block cudaMemcpyAsync", g.per_block,

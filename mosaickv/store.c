@@ -1855,6 +1855,9 @@ struct mkv_fetch {
 	struct gpu_bg_args *bga; /* the kernel's work list, by value */
 #endif
 	struct tier_io io;  /* this context's own ring */
+#if MKV_FETCH_TRACE
+	double trace[8];    /* microseconds at the phases of the last fetch */
+#endif
 	struct seg **pinned;
 	size_t n_pinned, cap_pinned;
 };
@@ -2004,6 +2007,31 @@ static double s_share(const struct mkv_fetch *f)
  * fetch resolves the rest (which the next launch, at the end, takes). */
 #define FETCH_LAUNCH_BLOCKS 512
 
+/*
+ * Phase timestamps of a fetch, for bench/tiers only: a build with
+ * -DMKV_FETCH_TRACE=1 records them (clock_gettime may be a system call in
+ * a VM: off by default).  trace[k] = microseconds since the call began at:
+ * 1 locked, 2 phase 1 done, 3 last launch queued, 4 phase 3a done (the
+ * selection recorded), 5 copies waited for, 6 return.
+ */
+#if MKV_FETCH_TRACE
+#include <time.h>
+static double fetch_now_us(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+#define FTRACE(f, k, t0) ((f)->trace[k] = fetch_now_us() - (t0))
+void store_fetch_trace(const struct mkv_fetch *f, double out[8])
+{
+	memcpy(out, f->trace, sizeof f->trace);
+}
+#else
+#define FTRACE(f, k, t0) ((void)0)
+#endif
+
 #if MKV_HAVE_CUDA
 /* Queue the kernel's work list so far and start a new one. */
 static int bg_flush(struct mkv_fetch *f)
@@ -2075,6 +2103,9 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 
 	if (!f || (!req && n) || !out)
 		return -EINVAL;
+#if MKV_FETCH_TRACE
+	const double t0 = fetch_now_us();
+#endif
 	s = f->s;
 	share = s_share(f);
 	for (size_t i = 0; i < n; i++) {
@@ -2141,6 +2172,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	 * pool's or the host blocks, also laid out in phase 2.
 	 */
 	pthread_mutex_lock(&s->lock);
+	FTRACE(f, 1, t0);
 	for (size_t i = 0; i < n; i++) {
 		struct seg *g = dir_find(s, &req[i].key, false);
 
@@ -2311,6 +2343,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	}
 	if (!rc && staged_bytes > f->staging_len)
 		rc = -ENOSPC;
+	FTRACE(f, 2, t0);
 	pthread_mutex_unlock(&s->lock);
 	if (rc)
 		goto fail;
@@ -2329,6 +2362,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		else
 			break_kernel = true;
 	}
+	FTRACE(f, 3, t0);
 #endif
 	/*
 	 * After a failed launch every host block is packed below, the
@@ -2463,6 +2497,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		s->c.fetch_blocks_staged += staged;
 	}
 	pthread_mutex_unlock(&s->lock);
+	FTRACE(f, 4, t0);
 
 	if (pool_sync) {
 		int sr = tcuda_stream_sync(s->gpu, f->stream);
@@ -2499,6 +2534,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		f->gather = NULL;
 	}
 #endif
+	FTRACE(f, 5, t0);
 	if (rc)
 		goto fail;
 
@@ -2523,6 +2559,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(segs);
+	FTRACE(f, 6, t0);
 	return (int64_t)staged;
 
 fail:

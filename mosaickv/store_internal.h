@@ -48,4 +48,12 @@ void store_pause(struct mkv_store *s, bool pause);
  * (built without CUDA, no usable device, or opts.gpu = -1). */
 int store_device(const struct mkv_store *s);
 
+#ifndef MKV_FETCH_TRACE
+#define MKV_FETCH_TRACE 0
+#endif
+#if MKV_FETCH_TRACE
+/* The last fetch's phase times (store.c, above mkv_store_fetch). */
+void store_fetch_trace(const struct mkv_fetch *f, double out[8]);
+#endif
+
 #endif
