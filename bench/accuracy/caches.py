@@ -272,8 +272,15 @@ def make_cache(method, cfg, *, r=16, token_frac=0.1, store=None):
     if method == "full":
         return full_cache(cfg)
     if method == "mosaickv":
+        # One-stage selection (the paper's; the study's "mosaickv" rows):
+        # MosaicCache's CPU default is now two stages ("mosaickv_r2").
         return mhf.MosaicCache(cfg, store=store, r=r, token_frac=token_frac,
-                               value_bits=VALUE_BITS)
+                               value_bits=VALUE_BITS, refine=0.0)
+    if method == "mosaickv_r2":
+        # Two-stage selection (mkv_seq_opts.refine = 2): the bound names
+        # twice the budget's blocks, their keys pick the budget.
+        return mhf.MosaicCache(cfg, store=store, r=r, token_frac=token_frac,
+                               value_bits=VALUE_BITS, refine=2.0)
     if method == "quest":
         return quest_cache(cfg, token_frac)
     if method == "globalmask":
