@@ -85,6 +85,21 @@ __device__ __forceinline__ void copy_span(char *d, const char *s, uint64_t m,
 		d[nv * w + lane] = s[nv * w + lane];
 }
 
+/* One span of any alignment (copy_span by what source and destination
+ * agree on). */
+__device__ __forceinline__ void copy_any(char *d, const char *s, uint64_t m,
+					 unsigned lane)
+{
+	uintptr_t x = (uintptr_t)s ^ (uintptr_t)d;
+
+	if (!(x & 15))
+		copy_span<uint4>(d, s, m, lane);
+	else if (!(x & 3))
+		copy_span<uint32_t>(d, s, m, lane);
+	else
+		copy_span<uint8_t>(d, s, m, lane);
+}
+
 static __global__ void __launch_bounds__(GATHER_WARPS * 32)
 gather_kernel(const struct gpu_piece *__restrict__ pieces, uint32_t n,
 	      char *__restrict__ dst)
@@ -101,16 +116,7 @@ gather_kernel(const struct gpu_piece *__restrict__ pieces, uint32_t n,
 		for (uint64_t off = (uint64_t)blockIdx.y * GATHER_SPAN; off < len;
 		     off += (uint64_t)gridDim.y * GATHER_SPAN) {
 			uint64_t m = len - off < GATHER_SPAN ? len - off : GATHER_SPAN;
-			const char *s = src + off;
-			char *d = d0 + off;
-			uintptr_t x = (uintptr_t)s ^ (uintptr_t)d;
-
-			if (!(x & 15))
-				copy_span<uint4>(d, s, m, lane);
-			else if (!(x & 3))
-				copy_span<uint32_t>(d, s, m, lane);
-			else
-				copy_span<uint8_t>(d, s, m, lane);
+			copy_any(d0 + off, src + off, m, lane);
 		}
 	}
 }
@@ -349,21 +355,6 @@ __device__ __forceinline__ void bg_copy2(char *dv, const char *sv, uint32_t nv,
 	}
 }
 
-/* One span of any alignment (copy_span by what source and destination
- * agree on). */
-__device__ __forceinline__ void bg_copy_any(char *d, const char *s, uint64_t m,
-					    unsigned lane)
-{
-	uintptr_t x = (uintptr_t)s ^ (uintptr_t)d;
-
-	if (!(x & 15))
-		copy_span<uint4>(d, s, m, lane);
-	else if (!(x & 3))
-		copy_span<uint32_t>(d, s, m, lane);
-	else
-		copy_span<uint8_t>(d, s, m, lane);
-}
-
 static __global__ void __launch_bounds__(GATHER_WARPS * 32)
 gather_blocks_kernel(const __grid_constant__ struct gpu_bg_args a, char *__restrict__ dst)
 {
@@ -396,8 +387,8 @@ gather_blocks_kernel(const __grid_constant__ struct gpu_bg_args a, char *__restr
 		       vl | bl) & 15)) {
 			bg_copy2(dv, sv, vl, db, sb, bl, lane);
 		} else {
-			bg_copy_any(dv, sv, vl, lane);
-			bg_copy_any(db, sb, bl, lane);
+			copy_any(dv, sv, vl, lane);
+			copy_any(db, sb, bl, lane);
 		}
 	}
 }

@@ -560,15 +560,10 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 		btok += (size_t)src[i].n_sel * src[i].k->v.b;
 	float *sc = malloc(sizeof(float) * nq * (btok ? btok : 1));
 	float *mx = malloc(sizeof(float) * nq), *z = malloc(sizeof(float) * nq);
-	if (!c || !qr || !kb || !sc || !mx || !z) {
-		free(c);
-		free(qr);
-		free(kb);
-		free(sc);
-		free(mx);
-		free(z);
-		return -ENOMEM;
-	}
+	uint8_t *keep = calloc(nc, 1);
+	int rc = -ENOMEM;
+	if (!c || !qr || !kb || !sc || !mx || !z || !keep)
+		goto out;
 	float scale = attn_scale(o);
 	for (uint32_t h = 0; h < nq; h++) {
 		mx[h] = -INFINITY;
@@ -612,16 +607,6 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 	}
 	/* The sink (block 0 of the first segment) first, as in one stage. */
 	size_t first = 0, taken = 0;
-	uint8_t *keep = calloc(nc, 1);
-	if (!keep) {
-		free(c);
-		free(qr);
-		free(kb);
-		free(sc);
-		free(mx);
-		free(z);
-		return -ENOMEM;
-	}
 	if (src[0].n_sel && src[0].blocks[0] == 0) {
 		keep[0] = 1;
 		taken = c[0].ntok;
@@ -649,6 +634,8 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 		}
 		src[i].n_sel = w;
 	}
+	rc = 0;
+out:
 	free(keep);
 	free(c);
 	free(qr);
@@ -656,7 +643,7 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 	free(sc);
 	free(mx);
 	free(z);
-	return 0;
+	return rc;
 }
 
 int attn_select(const struct mkv_attn_opts *o, const float *q,

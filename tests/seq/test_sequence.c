@@ -118,7 +118,10 @@ static double attend_error(struct mkv_seq *s, struct truth *t, uint32_t l,
 	return sqrt(e / r);
 }
 
-static struct mkv_store *host_store(size_t hbm)
+/* A CPU store: a top tier of @hbm bytes, 256 MiB of host tier, two
+ * workers; @hot: the hot-block cache's share of the top tier (< 0: the
+ * default). */
+static struct mkv_store *host_store_hot(size_t hbm, double hot)
 {
 	struct mkv_store_opts so;
 	mkv_store_opts_init(&so, sizeof so);
@@ -126,10 +129,17 @@ static struct mkv_store *host_store(size_t hbm)
 	so.hbm_bytes = hbm;
 	so.host_bytes = (size_t)256 << 20;
 	so.workers = 2;
+	if (hot >= 0)
+		so.hot_fraction = hot;
 	struct mkv_store *st = NULL;
 	int rc = mkv_store_create(&so, &st);
 	cr_assert_eq(rc, 0, "store: %s", mkv_strerror(rc));
 	return st;
+}
+
+static struct mkv_store *host_store(size_t hbm)
+{
+	return host_store_hot(hbm, -1.0);
 }
 
 /* Exact configuration: r = d, no drop, f32, every block selected. */
@@ -404,15 +414,7 @@ Test(sequence, offload_and_prefetch_map_onto_the_tiers, .timeout = 120)
 {
 	const uint32_t L = 2, H = 2, G = 2, d = 64, n0 = 1024;
 	uint64_t rng = fresh_seed();
-	struct mkv_store_opts so;
-	mkv_store_opts_init(&so, sizeof so);
-	so.gpu = -1;
-	so.hbm_bytes = (size_t)64 << 20;
-	so.host_bytes = (size_t)64 << 20;
-	so.workers = 2;
-	so.hot_fraction = 0.5;
-	struct mkv_store *st = NULL;
-	cr_assert_eq(mkv_store_create(&so, &st), 0);
+	struct mkv_store *st = host_store_hot((size_t)64 << 20, 0.5);
 	struct mkv_seq_opts o;
 	mkv_seq_opts_init(&o, sizeof o); /* the serving defaults */
 	o.layers = L, o.kv_heads = H, o.q_per_kv = G, o.d = d;
@@ -561,15 +563,7 @@ Test(sequence, refine_two_stages_through_the_store, .timeout = 120)
 {
 	const uint32_t L = 1, H = 2, G = 2, d = 64, n0 = 2048;
 	uint64_t rng = fresh_seed();
-	struct mkv_store_opts so;
-	mkv_store_opts_init(&so, sizeof so);
-	so.gpu = -1;
-	so.hbm_bytes = (size_t)64 << 20;
-	so.host_bytes = (size_t)64 << 20;
-	so.workers = 2;
-	so.hot_fraction = 0;
-	struct mkv_store *st = NULL;
-	cr_assert_eq(mkv_store_create(&so, &st), 0);
+	struct mkv_store *st = host_store_hot((size_t)64 << 20, 0);
 	struct mkv_seq_opts o;
 	mkv_seq_opts_init(&o, sizeof o);
 	cr_assert_eq(o.refine, 0.0, "one stage by default");
