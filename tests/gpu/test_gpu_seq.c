@@ -9,6 +9,7 @@
  * data every run (the seed is printed on failure).  Skips without a GPU.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -449,6 +450,65 @@ Test(gpu_seq, prefill_from_device_memory, .timeout = 300)
 	free(ob);
 	cr_assert_eq(mkv_seq_close(a), 0);
 	cr_assert_eq(mkv_seq_close(b), 0);
+	mkv_store_destroy(st);
+	data_free(&t);
+}
+
+/* Two-stage selection (refine) is a host path: mkv_seq_attend_dev refuses
+ * it and changes nothing, mkv_seq_attend with a stream gives what it gives
+ * without one (the CPU path, over the store's device tier). */
+Test(gpu_seq, refine_runs_on_the_host_path, .timeout = 300)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng g;
+	gu_rng_init(&g, seed);
+	struct data t;
+	const uint32_t n0 = 900;
+	data_make(&t, &g, 1, 2, 4, 128, n0);
+	struct mkv_store *st = gpu_store();
+	struct mkv_seq_opts o;
+	cr_assert_eq(mkv_seq_opts_init(&o, sizeof o), 0);
+	o.layers = 1;
+	o.kv_heads = 2;
+	o.q_per_kv = 4;
+	o.prefill_segment = 256;
+	o.window = 16;
+	o.refine = 2.0;
+	struct mkv_seq *s;
+	cr_assert_eq(mkv_seq_open(st, &o, 3, &s), 0);
+	prefill(s, &t, n0, 0);
+	cr_assert_eq(mkv_seq_sync(s), 0);
+	size_t qn = (size_t)2 * 4 * 128;
+	float *q = malloc(4 * qn), *oa = malloc(4 * qn), *ob = malloc(4 * qn);
+	for (size_t j = 0; j < qn; j++)
+		q[j] = (float)(0.5 * gu_normal(&g));
+	float *dq = gu_upload(q, 4 * qn), *dout = (float *)gu_dev(4 * qn);
+	GU_CK(cudaMemset(dout, 0x5a, 4 * qn));
+	cudaStream_t cs;
+	GU_CK(cudaStreamCreate(&cs));
+	cr_assert_eq(mkv_seq_attend_dev(s, 0, dq, dout, cs), -EINVAL);
+	GU_CK(cudaStreamSynchronize(cs));
+	GU_CK(cudaMemcpy(oa, dout, 4 * qn, cudaMemcpyDeviceToHost));
+	for (size_t j = 0; j < qn; j++) {
+		uint32_t w;
+		memcpy(&w, &oa[j], 4);
+		cr_assert_eq(w, 0x5a5a5a5au, "refused attend wrote output %zu", j);
+	}
+	cr_assert_eq(mkv_seq_attend(s, 0, q, oa, cs), 0);
+	cr_assert_eq(mkv_seq_attend(s, 0, q, ob, NULL), 0);
+	cr_assert(memcmp(oa, ob, 4 * qn) == 0, "seed %llu: refine with a stream differs",
+		  (unsigned long long)seed);
+	struct mkv_seq_stats ss = {.size = sizeof ss};
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(ss.device_attends, 0, "refine must not reach the device path");
+	GU_CK(cudaStreamDestroy(cs));
+	GU_CK(cudaFree(dq));
+	GU_CK(cudaFree(dout));
+	free(q);
+	free(oa);
+	free(ob);
+	cr_assert_eq(mkv_seq_close(s), 0);
 	mkv_store_destroy(st);
 	data_free(&t);
 }
