@@ -2089,6 +2089,11 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	 * bookkeeping. */
 	uint32_t npub = 0, npp = 0;
 	bool kernel = false, launched = false, break_kernel = false;
+#if MKV_HAVE_CUDA
+	/* break_kernel by a layout the kernel cannot take, not by a device
+	 * error: the context stays for the next fetch. */
+	bool break_layout = false;
+#endif
 	/* And/or by the context's threads, into staging + async H2D: with
 	 * both, segments go to one or the other by byte share, the pool's
 	 * bytes laid out from the bottom of the staging (its chunks must be
@@ -2193,6 +2198,20 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		 * blocks, and these were a sixth of its CPU time. */
 		const bool here = in_place(s, g->tier);
 		const bool host_st = !here && g->tier == MKV_TIER_HOST;
+#if MKV_HAVE_CUDA
+		/* The kernel's work list holds 32-bit layouts: a segment past
+		 * that sends the whole fetch down the packed path. */
+		if (kernel && host_st &&
+		    (g->layout.values_off > UINT32_MAX || g->layout.values_len > UINT32_MAX ||
+		     g->layout.bitmaps_off > UINT32_MAX ||
+		     g->layout.bitmaps_len > UINT32_MAX ||
+		     g->layout.values_block > UINT32_MAX ||
+		     g->layout.bitmaps_block > UINT32_MAX)) {
+			kernel = false;
+			break_kernel = true;
+			break_layout = true;
+		}
+#endif
 		/* The kernel takes this segment while its byte share is
 		 * behind (the first one: it is slower to start). */
 		const bool to_k = host_st && kernel &&
@@ -2374,6 +2393,12 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 		(void)tcuda_stream_sync(s->gpu, f->stream);
 		pool = false;
 	}
+#if MKV_HAVE_CUDA
+	/* Likewise the kernel's launches made before the break: their bytes
+	 * must land before the packed copy writes the same staging. */
+	if (break_kernel && launched && f->gather)
+		(void)gpu_gather_ctx_wait(f->gather);
+#endif
 	movers = (launched || pool) && !break_kernel;
 
 	/*
@@ -2516,12 +2541,12 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 	if (launched) {
 		int wr = gpu_gather_ctx_wait(f->gather);
 
-		if (wr || break_kernel) {
+		if (wr || (break_kernel && !break_layout)) {
 			gpu_gather_ctx_destroy(f->gather);
 			f->gather = NULL;
 			if (!rc && !break_kernel)
 				rc = wr;
-		} else {
+		} else if (!break_kernel) {
 			struct tier *t = s->tiers[MKV_TIER_HOST];
 
 			/* one gather per fetch, whichever movers ran */
@@ -2529,7 +2554,7 @@ int64_t mkv_store_fetch(struct mkv_fetch *f, const struct mkv_fetch_req *req,
 				atomic_fetch_add(&t->st.gathers, 1);
 			atomic_fetch_add(&t->st.bytes_out, kb);
 		}
-	} else if (break_kernel) {
+	} else if (break_kernel && !break_layout) {
 		gpu_gather_ctx_destroy(f->gather);
 		f->gather = NULL;
 	}
