@@ -410,6 +410,18 @@ Test(gpu_seq, defaults_q6_d128, .timeout = 900)
 	run(&c);
 }
 
+/* The serving defaults at @layers x 2 KV heads x 4 query heads, d = 128,
+ * 256-token prefill segments, a 16-token window. */
+static void small_opts(struct mkv_seq_opts *o, uint32_t layers)
+{
+	cr_assert_eq(mkv_seq_opts_init(o, sizeof *o), 0);
+	o->layers = layers;
+	o->kv_heads = 2;
+	o->q_per_kv = 4;
+	o->prefill_segment = 256;
+	o->window = 16;
+}
+
 /* Prefill from device memory gives the same sequence as from the host. */
 Test(gpu_seq, prefill_from_device_memory, .timeout = 300)
 {
@@ -422,12 +434,7 @@ Test(gpu_seq, prefill_from_device_memory, .timeout = 300)
 	data_make(&t, &g, 2, 2, 4, 128, n0);
 	struct mkv_store *st = gpu_store();
 	struct mkv_seq_opts o;
-	cr_assert_eq(mkv_seq_opts_init(&o, sizeof o), 0);
-	o.layers = 2;
-	o.kv_heads = 2;
-	o.q_per_kv = 4;
-	o.prefill_segment = 256;
-	o.window = 16;
+	small_opts(&o, 2);
 	o.token_frac = 0.3;
 	struct mkv_seq *a, *b;
 	cr_assert_eq(mkv_seq_open(st, &o, 1, &a), 0);
@@ -468,12 +475,7 @@ Test(gpu_seq, refine_runs_on_the_host_path, .timeout = 300)
 	data_make(&t, &g, 1, 2, 4, 128, n0);
 	struct mkv_store *st = gpu_store();
 	struct mkv_seq_opts o;
-	cr_assert_eq(mkv_seq_opts_init(&o, sizeof o), 0);
-	o.layers = 1;
-	o.kv_heads = 2;
-	o.q_per_kv = 4;
-	o.prefill_segment = 256;
-	o.window = 16;
+	small_opts(&o, 1);
 	o.refine = 2.0;
 	struct mkv_seq *s;
 	cr_assert_eq(mkv_seq_open(st, &o, 3, &s), 0);
