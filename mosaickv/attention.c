@@ -605,15 +605,13 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 				m += expf(sc[t * nq + h] - mx[h]) / z[h];
 		c[ci].mass = m;
 	}
-	/* The sink (block 0 of the first segment) first, as in one stage. */
-	size_t first = 0, taken = 0;
-	if (src[0].n_sel && src[0].blocks[0] == 0) {
-		keep[0] = 1;
-		taken = c[0].ntok;
-		first = 1;
-	}
-	qsort(c + first, nc - first, sizeof(*c), rcand_cmp);
-	for (size_t k = first; k < nc && taken < budget; k++) {
+	/* The sink first, as in one stage: the first stage always selects
+	 * the history's first block, so it is the first candidate (whichever
+	 * source holds it: a leading segment may be empty). */
+	keep[0] = 1;
+	size_t taken = c[0].ntok;
+	qsort(c + 1, nc - 1, sizeof(*c), rcand_cmp);
+	for (size_t k = 1; k < nc && taken < budget; k++) {
 		keep[c[k].idx] = 1;
 		taken += c[k].ntok;
 	}
