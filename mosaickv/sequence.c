@@ -1343,7 +1343,7 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 				.k = l->rawk + (size_t)(hist - l->raw_start) * d,
 				.v = l->rawv + (size_t)(hist - l->raw_start) * d,
 				.dtype = MKV_DTYPE_F32, .n = w};
-			struct mkv_attn_stats ast;
+			struct mkv_attn_stats ast = {0};
 			rc = attn_refine_sel(&ao, qh, src, m);
 			if (!rc) {
 				rc = attend_blocks(&ao, qh, src, m, w ? &win : NULL,
