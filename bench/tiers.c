@@ -28,7 +28,13 @@
  *                     for reference also one 64 MiB copy (the link's rate
  *                     for large copies, not the denominator);
  *      per_block      one cudaMemcpyAsync per block range (values, bitmaps).
- *    gather_frac_h2d = fetch_gather / h2d_pinned (goal >= 0.8).
+ *      devmap_fetch   mkv_devmap_fetch: the selection already in device
+ *                     memory (where the GPU's block selection leaves it),
+ *                     one kernel resolves it against the map's device
+ *                     table and copies; timed call to stream end.
+ *    gather_frac_h2d = devmap_fetch / h2d_pinned (goal >= 0.8);
+ *    host_fetch_frac_h2d = fetch_gather / h2d_pinned (selection on the
+ *    host, mkv_store_fetch).
  * 2. NVMe (any machine; --dir, default a temp dir under /var/tmp): the
  *    nvme tier (io_uring, O_DIRECT, self-describing frames packed into
  *    preallocated slab files, one group-commit fdatasync per batch; see
@@ -47,7 +53,7 @@
  * Usage: tiers [--dir DIR] [--nvme-mib N] [--batch N] [--threads N]
  *              [--rounds N] [--steps N] [--lz4] [--no-gpu]
  * The last line: RESULT name=tiers gather_gbps=... gather_frac_h2d=...
- * nvme_frac_odirect=...
+ * host_fetch_gbps=... host_fetch_frac_h2d=... nvme_frac_odirect=...
  */
 #include <dirent.h>
 #include <errno.h>
@@ -167,6 +173,8 @@ struct gpu_fig {
 	double h2d, h2d_big, per_block;
 	double bytes, blocks;
 	double book_us; /* mkv_store_fetch with fetch_mapped: bookkeeping alone */
+	double devmap;  /* mkv_devmap_fetch: selection in device memory */
+	double devmap_sync_us; /* mkv_devmap_sync after a step */
 };
 
 #if MKV_HAVE_CUDA
@@ -424,6 +432,114 @@ static void fetch_pass(struct mkv_fetch *f, struct mkv_fetch_req *req,
 	free(out);
 }
 
+/*
+ * The device-driven fetch (mkv_devmap_fetch) over the same store and
+ * selections: every step's selection is written to device memory before
+ * the timing, as the GPU's block selection leaves it (global ids: segment
+ * i's block j is i * nb + j), and a step is timed from the call to the
+ * end of its stream.  Each followed by one pinned H2D of the same bytes.
+ * mkv_devmap_sync (statistics) is timed apart: a decode loop runs it once
+ * every few steps, not inside the fetch.
+ */
+static void devmap_pass(struct mkv_store *s, struct mkv_fetch *f,
+			struct mkv_fetch_req *req, const uint32_t *sel, uint32_t nb,
+			uint32_t per, uint32_t nblk, char *dbuf, const char *hbuf,
+			int steps, double *td, double *th, double *tsync)
+{
+	struct mkv_seg_key keys[NSEG];
+	struct mkv_devmap *m;
+	struct mkv_block_addr *out = calloc(nblk, sizeof *out), *dout;
+	uint32_t *ids = malloc((size_t)(steps + 1) * nblk * sizeof *ids), *dsel;
+	char *dst;
+	cudaStream_t cs;
+
+	for (uint32_t i = 0; i < NSEG; i++)
+		keys[i] = (struct mkv_seg_key){ .seq = 1, .seg = i, .kind = i % 2 };
+	CK(mkv_devmap_create(s, keys, NSEG, &m));
+	if (mkv_devmap_blocks(m) != (uint64_t)NSEG * nb) {
+		fprintf(stderr, "devmap: %llu blocks, want %u\n",
+			(unsigned long long)mkv_devmap_blocks(m), NSEG * nb);
+		exit(1);
+	}
+	const uint64_t slot = mkv_devmap_slot_bytes(m);
+	for (int st = 0; st <= steps; st++)
+		for (uint32_t i = 0; i < NSEG; i++)
+			for (uint32_t b = 0; b < per; b++)
+				ids[(size_t)st * nblk + i * per + b] =
+					i * nb + sel[((size_t)st * NSEG + i) * per + b];
+	CU(cudaMalloc((void **)&dsel, (size_t)(steps + 1) * nblk * sizeof *dsel));
+	CU(cudaMemcpy(dsel, ids, (size_t)(steps + 1) * nblk * sizeof *dsel,
+		      cudaMemcpyHostToDevice));
+	CU(cudaMalloc((void **)&dst, nblk * slot));
+	CU(cudaMalloc((void **)&dout, nblk * sizeof *dout));
+	CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+	for (int st = 0; st <= steps; st++) {
+		size_t sb = 0;
+		double t0, dt_d, dt_h, dt_s;
+
+		t0 = now();
+		CK(mkv_devmap_fetch(m, dsel + (size_t)st * nblk, NULL, nblk, dst,
+				    nblk * slot, dout, cs));
+		CU(cudaStreamSynchronize(cs));
+		dt_d = now() - t0;
+		t0 = now();
+		int64_t refused = mkv_devmap_sync(m, (uint64_t)st + 2);
+		dt_s = now() - t0;
+		CK(refused);
+		CU(cudaMemcpy(out, dout, nblk * sizeof *out, cudaMemcpyDeviceToHost));
+		for (uint32_t k = 0; k < nblk; k++)
+			sb += out[k].values_bytes + out[k].bitmaps_bytes;
+		/* check the step against the host-driven fetch's blocks */
+		if (st == 0) {
+			struct mkv_block_addr *ho = calloc(nblk, sizeof *ho);
+			char *a = malloc(4096), *b = malloc(4096);
+
+			reqs_for(req, sel, st, per);
+			CK(mkv_store_fetch(f, req, NSEG, 1, ho));
+			for (uint32_t k = 0; k < nblk; k++) {
+				uint32_t vl = out[k].values_bytes, bl = out[k].bitmaps_bytes;
+
+				if (refused || vl != ho[k].values_bytes ||
+				    bl != ho[k].bitmaps_bytes || vl > 4096 || bl > 4096) {
+					fprintf(stderr, "devmap: block %u differs\n", k);
+					exit(1);
+				}
+				CU(cudaMemcpy(a, out[k].values, vl, cudaMemcpyDeviceToHost));
+				CU(cudaMemcpy(b, ho[k].values, vl, cudaMemcpyDeviceToHost));
+				if (memcmp(a, b, vl)) {
+					fprintf(stderr, "devmap: values of block %u differ\n", k);
+					exit(1);
+				}
+				CU(cudaMemcpy(a, out[k].bitmaps, bl, cudaMemcpyDeviceToHost));
+				CU(cudaMemcpy(b, ho[k].bitmaps, bl, cudaMemcpyDeviceToHost));
+				if (memcmp(a, b, bl)) {
+					fprintf(stderr, "devmap: bitmaps of block %u differ\n", k);
+					exit(1);
+				}
+			}
+			mkv_fetch_release(f);
+			free(ho);
+			free(a);
+			free(b);
+		}
+		t0 = now();
+		CU(cudaMemcpy(dbuf, hbuf, sb, cudaMemcpyHostToDevice));
+		dt_h = now() - t0;
+		if (st == 0)
+			continue;
+		td[st - 1] = (double)sb / dt_d;
+		th[st - 1] = (double)sb / dt_h;
+		tsync[st - 1] = dt_s * 1e6;
+	}
+	mkv_devmap_destroy(m);
+	cudaStreamDestroy(cs);
+	cudaFree(dsel);
+	cudaFree(dst);
+	cudaFree(dout);
+	free(ids);
+	free(out);
+}
+
 static void run_gpu(struct gpu_fig *fig, int steps)
 {
 	struct mkv_segment *segs[NSEG];
@@ -457,7 +573,7 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	tm = calloc((size_t)steps, sizeof *tm);
 	tk = calloc((size_t)steps, sizeof *tk);
 	tu = calloc((size_t)steps, sizeof *tu);
-	th = calloc((size_t)steps * 4, sizeof *th);
+	th = calloc((size_t)steps * 5, sizeof *th);
 	tp = calloc((size_t)steps, sizeof *tp);
 	t4 = calloc((size_t)steps, sizeof *t4);
 	t2 = calloc((size_t)steps, sizeof *t2);
@@ -499,6 +615,10 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 		   th + 2 * steps, NULL);
 	fetch_pass(fg, req, sel, per, nblk, dbuf, hbuf, steps, tg, th, trace);
 	fetch_pass(f4, req, sel, per, nblk, dbuf, hbuf, steps, t4, th + steps, NULL);
+	double *tdm = calloc((size_t)steps, sizeof *tdm), *tds = calloc((size_t)steps, sizeof *tds);
+
+	devmap_pass(sg, fg, req, sel, nb, per, nblk, dbuf, hbuf, steps, tdm, th + 4 * steps,
+		    tds);
 #if MKV_FETCH_TRACE
 	{
 		double col[1024];
@@ -616,7 +736,9 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	fig->kernel_up = median(tu, steps) * 1e-9;
 	fig->per_block = median(tp, steps) * 1e-9;
 	fig->book_us = median(tbk, steps);
-	fig->h2d = median(th, 4 * steps) * 1e-9;
+	fig->h2d = median(th, 5 * steps) * 1e-9;
+	fig->devmap = median(tdm, steps) * 1e-9;
+	fig->devmap_sync_us = median(tds, steps);
 	fig->bytes = (double)bytes;
 	fig->blocks = nblk;
 	printf("gpu: %s, %d segments x %d tokens (d=%d r=%d b=%d bf16), "
@@ -668,6 +790,8 @@ static void run_gpu(struct gpu_fig *fig, int steps)
 	free(t4);
 	free(t2);
 	free(tbk);
+	free(tdm);
+	free(tds);
 }
 #endif /* MKV_HAVE_CUDA */
 
@@ -1050,7 +1174,7 @@ int main(int argc, char **argv)
 	unsigned batch = 64, nthreads = 2;
 	int rounds = 3, steps = 50, lz4 = 0, no_gpu = 0, have_gpu = 0;
 	struct gpu_fig g = { NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN,
-			     0, 0, NAN };
+			     0, 0, NAN, NAN, NAN };
 	struct nvme_fig nf;
 	struct utsname un;
 
@@ -1092,6 +1216,11 @@ int main(int argc, char **argv)
 		printf("  %-34s %8.2f GB/s\n", "h2d_pinned (one cudaMemcpy)", g.h2d);
 		printf("  %-34s %8.2f GB/s\n", "h2d_pinned, one 64 MiB copy",
 		       g.h2d_big);
+		printf("  %-34s %8.2f GB/s  %.2fx h2d  (%.2fx 64 MiB)\n",
+		       "devmap fetch (selection on device)", g.devmap,
+		       g.devmap / g.h2d, g.devmap / g.h2d_big);
+		printf("  %-34s %8.1f us per call\n", "devmap sync (statistics)",
+		       g.devmap_sync_us);
 		printf("  %-34s %8.2f GB/s  %.2fx h2d  (%.2fx 64 MiB)\n",
 		       "fetch_gather (defaults: kernel)", g.gather,
 		       g.gather / g.h2d, g.gather / g.h2d_big);
@@ -1152,7 +1281,8 @@ int main(int argc, char **argv)
 	double wf = nf.tier_w / nf.od_w, rf = nf.tier_r / nf.od_r;
 
 	printf("RESULT name=tiers gather_gbps=%.2f gather_frac_h2d=%.3f "
-	       "nvme_frac_odirect=%.3f\n", g.gather, g.gather / g.h2d,
-	       wf < rf ? wf : rf);
+	       "host_fetch_gbps=%.2f host_fetch_frac_h2d=%.3f "
+	       "nvme_frac_odirect=%.3f\n", g.devmap, g.devmap / g.h2d, g.gather,
+	       g.gather / g.h2d, wf < rf ? wf : rf);
 	return 0;
 }

@@ -461,3 +461,298 @@ extern "C" int gpu_gather_ctx_launch_blocks(struct gpu_gather_ctx *c,
 	GATHER_CK(cudaGetLastError());
 	return 0;
 }
+
+/* ------------------------------------------------------------------ */
+/* Device-driven gather (gpu_devmap_*)                                 */
+
+struct gpu_devmap {
+	int dev;
+	uint32_t n;
+	uint64_t blocks;
+	struct gpu_dm_seg *segs;  /* device */
+	uint32_t *hits;           /* device, per block */
+	unsigned long long *refused; /* device, one */
+	cudaStream_t stream;      /* collect and destroy wait on it */
+	cudaEvent_t ev;
+};
+
+/* The segment holding block @id (< the table's blocks): the last with
+ * first <= id.  Same code on both sides, so the reference resolves as the
+ * kernel does. */
+__host__ __device__ static inline uint32_t dm_find(const struct gpu_dm_seg *segs,
+						   uint32_t n, uint64_t id)
+{
+	uint32_t lo = 0, hi = n - 1;
+
+	while (lo < hi) {
+		uint32_t mid = (lo + hi + 1) >> 1;
+
+		if (segs[mid].first <= id)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+/* Block @j of @g: byte offsets and lengths of its values and bitmaps. */
+__host__ __device__ static inline void dm_ranges(const struct gpu_dm_seg *g, uint64_t j,
+						 uint64_t *vo, uint32_t *vl,
+						 uint64_t *bo, uint32_t *bl)
+{
+	const uint64_t v = j * g->values_block, b = j * g->bitmaps_block;
+
+	*vo = g->values_off + v;
+	*bo = g->bitmaps_off + b;
+	*vl = (uint32_t)(g->values_len - v < g->values_block ? g->values_len - v
+							     : g->values_block);
+	*bl = (uint32_t)(g->bitmaps_len - b < g->bitmaps_block ? g->bitmaps_len - b
+							       : g->bitmaps_block);
+}
+
+/* One warp per selected entry; a grid of max_sel warps, those past the
+ * count leave at once.  The table and the selection are in device memory
+ * (L2 after the first warps), so every warp's first data load goes out
+ * after a few on-chip round trips. */
+static __global__ void __launch_bounds__(GATHER_WARPS * 32)
+devmap_kernel(const struct gpu_dm_seg *__restrict__ segs, uint32_t nseg, uint64_t blocks,
+	      const uint32_t *__restrict__ sel, const uint32_t *__restrict__ count,
+	      uint32_t max_sel, char *__restrict__ staging, uint64_t slot,
+	      struct gpu_dm_addr *__restrict__ out, uint32_t *__restrict__ hits,
+	      unsigned long long *__restrict__ refused)
+{
+	const unsigned lane = threadIdx.x & 31;
+	const uint32_t k = blockIdx.x * GATHER_WARPS + (threadIdx.x >> 5);
+	const uint32_t c = count ? *count : max_sel;
+
+	if (k == 0 && lane == 0 && c > max_sel)
+		atomicAdd(refused, (unsigned long long)(c - max_sel));
+	if (k >= max_sel || k >= c)
+		return;
+	const uint64_t id = sel[k];
+	struct gpu_dm_addr a = {};
+
+	if (id >= blocks) {
+		if (lane == 0) {
+			out[k] = a;
+			atomicAdd(refused, 1ull);
+		}
+		return;
+	}
+	const struct gpu_dm_seg *g = &segs[dm_find(segs, nseg, id)];
+	uint64_t vo, bo;
+	uint32_t vl, bl;
+
+	dm_ranges(g, id - g->first, &vo, &vl, &bo, &bl);
+	const char *sv = g->src + vo, *sb = g->src + bo;
+
+	a.values_bytes = vl;
+	a.bitmaps_bytes = bl;
+	a.tier = g->tier;
+	a.device = 1;
+	if (g->copy) {
+		char *dv = staging + (uint64_t)k * slot, *db = dv + vl;
+
+		if (!(((uintptr_t)dv | (uintptr_t)sv | (uintptr_t)db | (uintptr_t)sb | vl |
+		       bl) & 15)) {
+			bg_copy2(dv, sv, vl, db, sb, bl, lane);
+		} else {
+			copy_any(dv, sv, vl, lane);
+			copy_any(db, sb, bl, lane);
+		}
+		a.values = dv;
+		a.bitmaps = db;
+	} else {
+		a.values = sv;
+		a.bitmaps = sb;
+	}
+	if (lane == 0) {
+		out[k] = a;
+		atomicAdd(&hits[id], 1u);
+	}
+}
+
+static int dm_check(const struct gpu_dm_seg *segs, uint32_t n)
+{
+	uint64_t next = 0;
+
+	if (!segs || n == 0)
+		return -EINVAL;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct gpu_dm_seg *g = &segs[i];
+
+		if (!g->src || g->first != next || g->n_blocks == 0 ||
+		    (uint64_t)(g->n_blocks - 1) * g->values_block >= g->values_len ||
+		    (uint64_t)(g->n_blocks - 1) * g->bitmaps_block >= g->bitmaps_len ||
+		    (g->values_block == 0 && g->bitmaps_block == 0))
+			return -EINVAL;
+		next += g->n_blocks;
+	}
+	/* selections are 32-bit ids */
+	return next > UINT32_MAX ? -EINVAL : 0;
+}
+
+extern "C" void gpu_devmap_destroy(struct gpu_devmap *m)
+{
+	if (!m)
+		return;
+	if (cudaSetDevice(m->dev) == cudaSuccess) {
+		if (m->stream)
+			(void)cudaStreamSynchronize(m->stream);
+		if (m->ev)
+			(void)cudaEventDestroy(m->ev);
+		if (m->stream)
+			(void)cudaStreamDestroy(m->stream);
+		(void)cudaFree(m->segs);
+		(void)cudaFree(m->hits);
+		(void)cudaFree(m->refused);
+	}
+	(void)cudaGetLastError();
+	free(m);
+}
+
+extern "C" int gpu_devmap_create(int dev, const struct gpu_dm_seg *segs, uint32_t n,
+				 struct gpu_devmap **out)
+{
+	struct gpu_devmap *m;
+	int rc;
+
+	if (!out || dev < 0 || (rc = dm_check(segs, n)))
+		return out && dev >= 0 ? rc : -EINVAL;
+	GATHER_CK(cudaSetDevice(dev));
+	m = (struct gpu_devmap *)calloc(1, sizeof *m);
+	if (!m)
+		return -ENOMEM;
+	m->dev = dev;
+	m->n = n;
+	m->blocks = segs[n - 1].first + segs[n - 1].n_blocks;
+#define DM_CK(call)                                     \
+	do {                                            \
+		cudaError_t e_ = (call);                \
+		if (e_ != cudaSuccess) {                \
+			(void)cudaGetLastError();       \
+			gpu_devmap_destroy(m);          \
+			return gpu_errno(e_);           \
+		}                                       \
+	} while (0)
+	DM_CK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+	DM_CK(cudaEventCreateWithFlags(&m->ev, cudaEventDisableTiming));
+	DM_CK(cudaMalloc((void **)&m->segs, (size_t)n * sizeof *segs));
+	DM_CK(cudaMalloc((void **)&m->hits, (size_t)m->blocks * sizeof *m->hits));
+	DM_CK(cudaMalloc((void **)&m->refused, sizeof *m->refused));
+	DM_CK(cudaMemcpyAsync(m->segs, segs, (size_t)n * sizeof *segs,
+			      cudaMemcpyHostToDevice, m->stream));
+	DM_CK(cudaMemsetAsync(m->hits, 0, (size_t)m->blocks * sizeof *m->hits, m->stream));
+	DM_CK(cudaMemsetAsync(m->refused, 0, sizeof *m->refused, m->stream));
+	/* @segs is the caller's: the copy must be done before we return */
+	DM_CK(cudaStreamSynchronize(m->stream));
+#undef DM_CK
+	*out = m;
+	return 0;
+}
+
+extern "C" uint64_t gpu_devmap_blocks(const struct gpu_devmap *m)
+{
+	return m ? m->blocks : 0;
+}
+
+extern "C" int gpu_devmap_gather(struct gpu_devmap *m, const uint32_t *sel,
+				 const uint32_t *count, uint32_t max_sel, void *staging,
+				 uint64_t slot, struct gpu_dm_addr *out, struct CUstream_st *s)
+{
+	if (!m || !sel || !staging || !out || slot == 0)
+		return -EINVAL;
+	if (max_sel == 0)
+		return 0;
+	GATHER_CK(cudaSetDevice(m->dev));
+	devmap_kernel<<<(max_sel + GATHER_WARPS - 1) / GATHER_WARPS, GATHER_WARPS * 32, 0,
+			(cudaStream_t)s>>>(m->segs, m->n, m->blocks, sel, count, max_sel,
+					   (char *)staging, slot, out, m->hits, m->refused);
+	GATHER_CK(cudaGetLastError());
+	/* The map's stream waits for this gather from here on, so collect
+	 * and destroy, which wait on that stream, wait for it too, whatever
+	 * stream the caller used. */
+	GATHER_CK(cudaEventRecord(m->ev, (cudaStream_t)s));
+	GATHER_CK(cudaStreamWaitEvent(m->stream, m->ev, 0));
+	return 0;
+}
+
+extern "C" int gpu_devmap_collect(struct gpu_devmap *m, uint32_t *hits, uint64_t *refused)
+{
+	uint32_t *h;
+	unsigned long long r = 0;
+
+	if (!m || !hits || !refused)
+		return -EINVAL;
+	h = (uint32_t *)malloc((size_t)m->blocks * sizeof *h);
+	if (!h)
+		return -ENOMEM;
+	GATHER_CK(cudaSetDevice(m->dev));
+#define DM_CK(call)                                     \
+	do {                                            \
+		cudaError_t e_ = (call);                \
+		if (e_ != cudaSuccess) {                \
+			(void)cudaGetLastError();       \
+			free(h);                        \
+			return gpu_errno(e_);           \
+		}                                       \
+	} while (0)
+	DM_CK(cudaMemcpyAsync(h, m->hits, (size_t)m->blocks * sizeof *h,
+			      cudaMemcpyDeviceToHost, m->stream));
+	DM_CK(cudaMemcpyAsync(&r, m->refused, sizeof r, cudaMemcpyDeviceToHost, m->stream));
+	DM_CK(cudaMemsetAsync(m->hits, 0, (size_t)m->blocks * sizeof *h, m->stream));
+	DM_CK(cudaMemsetAsync(m->refused, 0, sizeof r, m->stream));
+	DM_CK(cudaStreamSynchronize(m->stream));
+#undef DM_CK
+	for (uint64_t b = 0; b < m->blocks; b++)
+		hits[b] += h[b];
+	*refused += r;
+	free(h);
+	return 0;
+}
+
+extern "C" void gpu_devmap_gather_ref(const struct gpu_dm_seg *segs, uint32_t n,
+				      const uint32_t *sel, uint32_t count, uint32_t max_sel,
+				      char *staging, uint64_t slot, struct gpu_dm_addr *out,
+				      uint32_t *hits, uint64_t *refused)
+{
+	const uint64_t blocks = segs[n - 1].first + segs[n - 1].n_blocks;
+
+	if (count > max_sel) {
+		*refused += count - max_sel;
+		count = max_sel;
+	}
+	for (uint32_t k = 0; k < count; k++) {
+		const uint64_t id = sel[k];
+		struct gpu_dm_addr a;
+
+		memset(&a, 0, sizeof a);
+		if (id >= blocks) {
+			out[k] = a;
+			++*refused;
+			continue;
+		}
+		const struct gpu_dm_seg *g = &segs[dm_find(segs, n, id)];
+		uint64_t vo, bo;
+		uint32_t vl, bl;
+
+		dm_ranges(g, id - g->first, &vo, &vl, &bo, &bl);
+		a.values_bytes = vl;
+		a.bitmaps_bytes = bl;
+		a.tier = g->tier;
+		a.device = 1;
+		if (g->copy) {
+			char *d = staging + (uint64_t)k * slot;
+
+			memcpy(d, g->src + vo, vl);
+			memcpy(d + vl, g->src + bo, bl);
+			a.values = d;
+			a.bitmaps = d + vl;
+		} else {
+			a.values = g->src + vo;
+			a.bitmaps = g->src + bo;
+		}
+		out[k] = a;
+		hits[id]++;
+	}
+}

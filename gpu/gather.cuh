@@ -145,6 +145,76 @@ GPU_HIDDEN int gpu_gather_ctx_launch_blocks(struct gpu_gather_ctx *c,
  * Returns 0 or -EINVAL (as above). */
 GPU_HIDDEN int gpu_gather_blocks_ref(const struct gpu_bg_args *a, void *dst);
 
+/*
+ * Device-driven gather (the store's struct mkv_devmap).  Decode selects
+ * blocks on the GPU; a host-driven fetch would have to bring that
+ * selection to the host, resolve it under the store's lock and launch a
+ * copy, and on the H200's VM that host work alone costs more than a
+ * fifth of the copy (docs/PERF.md, bench/tiers).  Here the segments'
+ * table lives in device memory, built once while the segments are pinned,
+ * and the kernel reads the selection where the GPU wrote it: nothing of
+ * the host's lies between the selection and the copy.
+ *
+ * Blocks are numbered over the table: segment i's block j is
+ * seg[i].first + j (first ascending, seg[i + 1].first = seg[i].first +
+ * seg[i].n_blocks).  Selected entry k lands, when its segment is copied,
+ * at staging + k * slot (its values, then its bitmaps right after);
+ * otherwise its address in place is reported.
+ */
+struct gpu_dm_seg {
+	const char *src;  /* the segment's bytes, device-readable in place */
+	uint64_t first;   /* number of its block 0 */
+	uint64_t values_off, values_len, bitmaps_off, bitmaps_len;
+	uint32_t values_block, bitmaps_block, n_blocks;
+	uint8_t copy;     /* 1: copy selected blocks to the staging; 0: hand
+	                   * out their addresses in place (device memory) */
+	uint8_t tier;     /* reported in the addresses */
+};
+/* Where one selected block is: the layout of the public struct
+ * mkv_block_addr (store.c asserts it). */
+struct gpu_dm_addr {
+	const void *values;
+	const void *bitmaps;
+	uint32_t values_bytes, bitmaps_bytes;
+	uint8_t tier, device;
+};
+struct gpu_devmap;
+/* Upload @n segments' table (checked: first[] consecutive from 0, each
+ * n_blocks >= 1 and within values_len / bitmaps_len, src set) to device
+ * @dev, with a zeroed per-block hit counter.  Returns 0, -EINVAL, -ENOMEM,
+ * -MKV_ENODEV, -EIO. */
+GPU_HIDDEN int gpu_devmap_create(int dev, const struct gpu_dm_seg *segs,
+				 uint32_t n, struct gpu_devmap **out);
+/* Waits for the map's queued gathers, then frees it.  NULL is accepted. */
+GPU_HIDDEN void gpu_devmap_destroy(struct gpu_devmap *m);
+/* Total blocks of the table. */
+GPU_HIDDEN uint64_t gpu_devmap_blocks(const struct gpu_devmap *m);
+/*
+ * Queue on @s: for k < min(*@count, @max_sel) (@count NULL: @max_sel),
+ * resolve block @sel[k], copy it to @staging + k * @slot if its segment
+ * is copied, write @out[k], and count a hit for the block.  An id past
+ * the table gets a zero @out[k] and counts as refused, as do the entries
+ * past @max_sel when *@count exceeds it.  @sel, @count, @staging, @out:
+ * device memory (the caller checks).  Returns 0, -EINVAL, -EIO.
+ */
+GPU_HIDDEN int gpu_devmap_gather(struct gpu_devmap *m, const uint32_t *sel,
+				 const uint32_t *count, uint32_t max_sel,
+				 void *staging, uint64_t slot,
+				 struct gpu_dm_addr *out, struct CUstream_st *s);
+/* Wait for every gather queued so far, add the per-block hits to
+ * @hits[] (host, gpu_devmap_blocks entries) and the refused entries to
+ * *@refused, and zero both counters on the device.  Returns 0 or -errno. */
+GPU_HIDDEN int gpu_devmap_collect(struct gpu_devmap *m, uint32_t *hits,
+				  uint64_t *refused);
+/* The CPU reference of gpu_devmap_gather over host memory: the same
+ * table (unchecked), selection, staging and outputs; adds to @hits[] and
+ * *@refused as collect would. */
+GPU_HIDDEN void gpu_devmap_gather_ref(const struct gpu_dm_seg *segs, uint32_t n,
+				      const uint32_t *sel, uint32_t count,
+				      uint32_t max_sel, char *staging, uint64_t slot,
+				      struct gpu_dm_addr *out, uint32_t *hits,
+				      uint64_t *refused);
+
 #ifdef __cplusplus
 }
 #endif

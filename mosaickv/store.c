@@ -27,6 +27,7 @@
 #include <numa.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -2714,4 +2715,337 @@ int mkv_store_get_stats(struct mkv_store *s, struct mkv_store_stats *st)
 	}
 	*st = v;
 	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Fetches driven from the device                                          */
+
+struct mkv_devmap {
+	struct mkv_store *s;
+	struct seg **segs;  /* pinned, one per key */
+	size_t n;
+	uint64_t blocks, slot;
+	uint32_t *hits;     /* host, per block: collected, not yet recorded */
+#if MKV_HAVE_CUDA
+	struct gpu_devmap *g;
+#endif
+};
+
+#if MKV_HAVE_CUDA
+_Static_assert(sizeof(struct gpu_dm_addr) == sizeof(struct mkv_block_addr) &&
+		       offsetof(struct gpu_dm_addr, values) ==
+			       offsetof(struct mkv_block_addr, values) &&
+		       offsetof(struct gpu_dm_addr, bitmaps) ==
+			       offsetof(struct mkv_block_addr, bitmaps) &&
+		       offsetof(struct gpu_dm_addr, values_bytes) ==
+			       offsetof(struct mkv_block_addr, values_bytes) &&
+		       offsetof(struct gpu_dm_addr, bitmaps_bytes) ==
+			       offsetof(struct mkv_block_addr, bitmaps_bytes) &&
+		       offsetof(struct gpu_dm_addr, tier) ==
+			       offsetof(struct mkv_block_addr, tier) &&
+		       offsetof(struct gpu_dm_addr, device) ==
+			       offsetof(struct mkv_block_addr, device),
+	       "the kernel writes struct mkv_block_addr as struct gpu_dm_addr");
+
+/* Waits for the promotions a map submits. */
+struct dm_wait {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	unsigned left;
+	int err;
+};
+
+static void dm_moved(void *arg, int status)
+{
+	struct dm_wait *w = arg;
+
+	pthread_mutex_lock(&w->mu);
+	if (status && status != -EALREADY && !w->err)
+		w->err = status;
+	w->left--;
+	pthread_cond_broadcast(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+}
+
+/* Promote the NVMe segments among @keys to host memory and wait for the
+ * moves.  Returns 0 or the first failure of a move. */
+static int dm_promote(struct mkv_store *s, const struct mkv_seg_key *keys, size_t n)
+{
+	struct dm_wait w = { .left = 0, .err = 0 };
+	int rc = 0, busy = 0;
+
+	pthread_mutex_init(&w.mu, NULL);
+	pthread_cond_init(&w.cv, NULL);
+	for (size_t i = 0; i < n && !rc; i++) {
+		struct seg *g;
+		int tier;
+
+		pthread_mutex_lock(&s->lock);
+		g = dir_find(s, &keys[i], false);
+		tier = g ? g->tier : -1;
+		pthread_mutex_unlock(&s->lock);
+		if (tier != MKV_TIER_NVME)
+			continue; /* gone: the caller's next look reports it */
+		pthread_mutex_lock(&w.mu);
+		w.left++;
+		pthread_mutex_unlock(&w.mu);
+		int mr = mkv_store_move(s, &keys[i], MKV_TIER_HOST, dm_moved, &w);
+
+		if (mr) {
+			pthread_mutex_lock(&w.mu);
+			w.left--;
+			pthread_mutex_unlock(&w.mu);
+			if (mr == -EBUSY)
+				busy = 1; /* already moving: let it end */
+			else if (mr != -EALREADY)
+				rc = mr;
+		}
+	}
+	pthread_mutex_lock(&w.mu);
+	while (w.left)
+		pthread_cond_wait(&w.cv, &w.mu);
+	pthread_mutex_unlock(&w.mu);
+	pthread_mutex_destroy(&w.mu);
+	pthread_cond_destroy(&w.cv);
+	if (!rc && busy)
+		(void)mkv_store_drain(s);
+	return rc ? rc : w.err;
+}
+#endif
+
+static void dm_unpin(struct mkv_devmap *m, size_t n)
+{
+	pthread_mutex_lock(&m->s->lock);
+	for (size_t i = 0; i < n; i++)
+		m->segs[i]->pins--;
+	pthread_mutex_unlock(&m->s->lock);
+}
+
+int mkv_devmap_create(struct mkv_store *s, const struct mkv_seg_key *keys, size_t n,
+		      struct mkv_devmap **out)
+{
+	if (!s || !keys || !out || n == 0 || n > UINT32_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (!key_valid(&keys[i]))
+			return -EINVAL;
+#if !MKV_HAVE_CUDA
+	return -MKV_ENODEV;
+#else
+	struct mkv_devmap *m;
+	struct gpu_dm_seg *t;
+	int rc = 0;
+	size_t pinned = 0;
+
+	if (s->gpu < 0 || !s->tiers[MKV_TIER_HBM]->device)
+		return -MKV_ENODEV;
+	m = calloc(1, sizeof *m);
+	t = calloc(n, sizeof *t);
+	if (!m || !t || !(m->segs = calloc(n, sizeof *m->segs))) {
+		free(t);
+		free(m);
+		return -ENOMEM;
+	}
+	m->s = s;
+	m->n = n;
+	/* Pin everything once nothing is on NVMe; a balance may send a
+	 * segment back down between the promotion and the pin: retry. */
+	for (int attempt = 0;; attempt++) {
+		bool nvme = false;
+
+		pthread_mutex_lock(&s->lock);
+		for (size_t i = 0; i < n && !rc; i++) {
+			struct seg *g = dir_find(s, &keys[i], false);
+
+			if (!g)
+				rc = -ENOENT;
+			else if (!g->layout.n_blocks)
+				rc = -EINVAL;
+			else if (g->tier == MKV_TIER_NVME && g->pins)
+				rc = -EBUSY; /* pinned there by someone else */
+			else if (g->tier == MKV_TIER_NVME)
+				nvme = true;
+		}
+		if (!rc && !nvme) {
+			for (size_t i = 0; i < n; i++) {
+				m->segs[i] = dir_find(s, &keys[i], false);
+				m->segs[i]->pins++;
+			}
+			pinned = n;
+		}
+		pthread_mutex_unlock(&s->lock);
+		if (rc || !nvme)
+			break;
+		if (attempt == 3) {
+			rc = -EAGAIN;
+			break;
+		}
+		rc = dm_promote(s, keys, n);
+		if (rc)
+			break;
+	}
+	if (rc)
+		goto fail;
+
+	/* Pinned: tier and copy are fixed, and readable without the lock. */
+	uint64_t first = 0, slot = 0;
+	const bool host_ok = tcuda_host_ptr_usable(s->gpu);
+
+	for (size_t i = 0; i < n && !rc; i++) {
+		const struct seg *g = m->segs[i];
+		const struct mkv_store_layout *l = &g->layout;
+		const char *src = tier_addr(s->tiers[g->tier], g->obj);
+
+		if (!src) {
+			rc = -EIO;
+			break;
+		}
+		if (g->tier == MKV_TIER_HOST && (!host_ok || !tcuda_is_mapped_host(src))) {
+			rc = -EOPNOTSUPP;
+			break;
+		}
+		if (l->values_block > UINT32_MAX || l->bitmaps_block > UINT32_MAX) {
+			rc = -EINVAL;
+			break;
+		}
+		t[i] = (struct gpu_dm_seg){
+			.src = src, .first = first,
+			.values_off = l->values_off, .values_len = l->values_len,
+			.bitmaps_off = l->bitmaps_off, .bitmaps_len = l->bitmaps_len,
+			.values_block = (uint32_t)l->values_block,
+			.bitmaps_block = (uint32_t)l->bitmaps_block,
+			.n_blocks = l->n_blocks,
+			.copy = (uint8_t)(g->tier != MKV_TIER_HBM),
+			.tier = (uint8_t)g->tier,
+		};
+		first += l->n_blocks;
+		if (t[i].copy && l->values_block + l->bitmaps_block > slot)
+			slot = l->values_block + l->bitmaps_block;
+	}
+	if (!rc && first > UINT32_MAX)
+		rc = -EINVAL;
+	if (rc)
+		goto fail;
+	m->blocks = first;
+	/* 16-byte slots keep every copy on the kernel's wide path */
+	m->slot = slot ? (slot + 15) & ~(uint64_t)15 : 16;
+	m->hits = calloc(first, sizeof *m->hits);
+	if (!m->hits) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	rc = gpu_devmap_create(s->gpu, t, (uint32_t)n, &m->g);
+	if (rc)
+		goto fail;
+	free(t);
+	*out = m;
+	return 0;
+fail:
+	if (pinned)
+		dm_unpin(m, pinned);
+	free(m->hits);
+	free(m->segs);
+	free(m);
+	free(t);
+	return rc;
+#endif
+}
+
+void mkv_devmap_destroy(struct mkv_devmap *m)
+{
+	if (!m)
+		return;
+#if MKV_HAVE_CUDA
+	/* waits for the kernels that read the pinned segments */
+	gpu_devmap_destroy(m->g);
+#endif
+	dm_unpin(m, m->n);
+	free(m->hits);
+	free(m->segs);
+	free(m);
+}
+
+uint64_t mkv_devmap_blocks(const struct mkv_devmap *m)
+{
+	return m ? m->blocks : 0;
+}
+
+uint64_t mkv_devmap_slot_bytes(const struct mkv_devmap *m)
+{
+	return m ? m->slot : 0;
+}
+
+int mkv_devmap_fetch(struct mkv_devmap *m, const uint32_t *sel, const uint32_t *count,
+		     uint32_t max_sel, void *staging, size_t staging_bytes,
+		     struct mkv_block_addr *out, void *stream)
+{
+	if (!m || !sel || !staging || !out)
+		return -EINVAL;
+	if (max_sel == 0)
+		return 0;
+	if (staging_bytes / m->slot < max_sel)
+		return -ENOSPC;
+#if MKV_HAVE_CUDA
+	const int dev = m->s->gpu;
+
+	/* A host pointer handed to the kernel would fault the whole context:
+	 * refuse it here instead. */
+	if (!tcuda_device_readable(dev, sel) || !tcuda_device_readable(dev, staging) ||
+	    !tcuda_device_readable(dev, out) || (count && !tcuda_device_readable(dev, count)))
+		return -EINVAL;
+	return gpu_devmap_gather(m->g, sel, count, max_sel, staging, m->slot,
+				 (struct gpu_dm_addr *)out, (struct CUstream_st *)stream);
+#else
+	(void)count;
+	(void)stream;
+	return -MKV_ENODEV; /* no map exists without CUDA */
+#endif
+}
+
+int64_t mkv_devmap_sync(struct mkv_devmap *m, uint64_t step)
+{
+	uint64_t refused = 0;
+
+	if (!m)
+		return -EINVAL;
+#if MKV_HAVE_CUDA
+	int rc = gpu_devmap_collect(m->g, m->hits, &refused);
+
+	if (rc)
+		return rc;
+#endif
+	struct mkv_store *s = m->s;
+	uint64_t b0 = 0, total = 0, staged = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (step > s->step)
+		s->step = step;
+	for (size_t i = 0; i < m->n; i++) {
+		struct seg *g = m->segs[i];
+		uint64_t sum = 0;
+
+		for (uint32_t j = 0; j < g->layout.n_blocks; j++) {
+			uint32_t h = m->hits[b0 + j];
+
+			if (h) {
+				policy_touch(&s->pol, &g->bst[j], h, step);
+				sum += h;
+				m->hits[b0 + j] = 0;
+			}
+		}
+		if (sum)
+			policy_touch(&s->pol, &g->st, (uint32_t)(sum < UINT32_MAX ? sum : UINT32_MAX),
+				     step);
+		total += sum;
+		if (g->tier != MKV_TIER_HBM)
+			staged += sum;
+		b0 += g->layout.n_blocks;
+	}
+	if (total) {
+		s->c.fetches++;
+		s->c.fetch_blocks += total;
+		s->c.fetch_blocks_staged += staged;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return (int64_t)refused;
 }

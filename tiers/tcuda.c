@@ -148,6 +148,19 @@ int tcuda_is_mapped_host(const void *p)
 	return a.type == cudaMemoryTypeHost && a.devicePointer == p;
 }
 
+int tcuda_device_readable(int dev, const void *p)
+{
+	struct cudaPointerAttributes a;
+
+	if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)
+		return a.device == dev;
+	return a.type == cudaMemoryTypeHost && a.devicePointer == p;
+}
+
 int tcuda_numa_node(int dev)
 {
 	char bus[32], path[96];
@@ -195,6 +208,8 @@ int tcuda_host_register(void *p, size_t len)
 void tcuda_host_unregister(void *p) { (void)p; }
 int tcuda_host_ptr_usable(int dev) { (void)dev; return 0; }
 int tcuda_is_mapped_host(const void *p) { (void)p; return 0; }
+int tcuda_device_readable(int dev, const void *p)
+{ (void)dev; (void)p; return 0; }
 int tcuda_numa_node(int dev) { (void)dev; return -1; }
 
 #endif

@@ -35,6 +35,9 @@ int tcuda_host_register(void *p, size_t len);
 int tcuda_host_ptr_usable(int dev);
 /* 1 if @p lies in page-locked host memory mapped for the device. */
 int tcuda_is_mapped_host(const void *p);
+/* 1 if a kernel on @dev can read @p as it is: device memory of @dev, or
+ * mapped page-locked host memory at its own address. */
+int tcuda_device_readable(int dev, const void *p);
 void tcuda_host_unregister(void *p);
 /* NUMA node of device @dev from its PCI address (sysfs), or -1. */
 int tcuda_numa_node(int dev);

@@ -431,6 +431,96 @@ MKV_API int mkv_store_prefetch(struct mkv_store *s,
 			       uint64_t step, mkv_store_cb cb, void *arg);
 
 /* ---------------------------------------------------------------------- */
+/* Fetches driven from the device                                          */
+
+/*
+ * In decode the blocks are selected on the GPU.  mkv_store_fetch() needs
+ * that selection on the host, resolves it under the store's lock and then
+ * launches the copy; a device map instead keeps a table of its segments
+ * in device memory, and its fetch is one kernel that reads the selection
+ * where the GPU wrote it and copies host-tier blocks into device staging
+ * (HBM blocks are handed out in place).  Nothing of the host's lies
+ * between the selection and the copy, and the call only queues work on a
+ * stream.  The price: the map's segments are pinned for its lifetime
+ * (they never move, so the balancer works around them), and selections
+ * reach the store's statistics when mkv_devmap_sync() collects them.
+ *
+ * Blocks are numbered across the map: keys[0]'s blocks first, then
+ * keys[1]'s, and so on (block j of keys[i] is the sum of the earlier
+ * segments' block counts, plus j).
+ *
+ * Needs HBM on a device and host-tier memory the device can read in
+ * place (the real host tier's pinned arena on a device with unified
+ * addressing).  A map is used by one thread at a time.
+ */
+struct mkv_devmap;
+
+/*
+ * Map the @n segments of @keys (each with a block layout; a key may
+ * repeat).  Segments on NVMe are promoted to host memory first (moves on
+ * the workers, waited for).  On return 0 every segment is pinned until
+ * mkv_devmap_destroy().
+ * Returns 0, or:
+ *   -EINVAL      NULL pointers, n == 0, an invalid key, a segment without
+ *                block layout, more than 2^32 - 1 blocks in all;
+ *   -ENOENT      a key is not in the store;
+ *   -MKV_ENODEV  the store's HBM is not on a device (or no CUDA build);
+ *   -EOPNOTSUPP  host-tier memory the device cannot read in place;
+ *   -EAGAIN      a segment kept going back to NVMe while being mapped;
+ *   -EBUSY       an NVMe segment is pinned by someone else (cannot come up);
+ *   -ENOMEM, -EIO, and the errors of a failed promotion.
+ * On error nothing stays pinned (promotions already done stay done).
+ */
+MKV_API int mkv_devmap_create(struct mkv_store *s, const struct mkv_seg_key *keys,
+			      size_t n, struct mkv_devmap **out);
+
+/* Waits for the map's queued fetches, unpins its segments and frees it.
+ * Selections not yet collected by mkv_devmap_sync() are dropped.  NULL is
+ * accepted. */
+MKV_API void mkv_devmap_destroy(struct mkv_devmap *m);
+
+/* Blocks in the map (0 for NULL). */
+MKV_API uint64_t mkv_devmap_blocks(const struct mkv_devmap *m);
+/* Staging bytes one selected block takes (0 for NULL): a fetch of up to
+ * max_sel blocks needs max_sel times this. */
+MKV_API uint64_t mkv_devmap_slot_bytes(const struct mkv_devmap *m);
+
+/*
+ * Queue, on CUDA stream @stream (a cudaStream_t; NULL: the legacy default
+ * stream), the fetch of the blocks numbered @sel[0..c-1], c = *@count, or
+ * @max_sel when @count is NULL.  For entry k, @out[k] receives the block's
+ * address: host-tier blocks copied to @staging + k * slot (values, then
+ * bitmaps), HBM blocks in place; tier and sizes as mkv_store_fetch()
+ * reports them, device = 1.  Entries may repeat and need no order.  An id
+ * past the map gets an all-zero @out[k], and entries past @max_sel are
+ * not fetched: both are counted as refused (mkv_devmap_sync()).
+ * @sel, @count, @staging and @out must be memory the device reads (and,
+ * for the last two, writes): device memory of the store's GPU or mapped
+ * pinned host memory; @count's value is read by the kernel, never by the
+ * host, so it can come from the GPU's own selection.  Not capturable in
+ * a CUDA graph.  @max_sel == 0 queues nothing.
+ * Returns 0 once queued (the blocks are in place when @stream reaches
+ * this point), or:
+ *   -EINVAL  NULL @m, @sel, @staging or @out, a pointer the device cannot
+ *            read;
+ *   -ENOSPC  @staging_bytes < @max_sel * mkv_devmap_slot_bytes(m);
+ *   -EIO     a CUDA error.
+ */
+MKV_API int mkv_devmap_fetch(struct mkv_devmap *m, const uint32_t *sel,
+			     const uint32_t *count, uint32_t max_sel, void *staging,
+			     size_t staging_bytes, struct mkv_block_addr *out,
+			     void *stream);
+
+/*
+ * Wait for every fetch queued on @m, then record their selections in the
+ * store's statistics as made at decode step @step (per segment and per
+ * block, as mkv_store_fetch() records its own) and reset the map's
+ * counters.  Returns the number of entries refused since the last sync
+ * (0 when none), or -EINVAL, -ENOMEM, -EIO (the counters are then kept).
+ */
+MKV_API int64_t mkv_devmap_sync(struct mkv_devmap *m, uint64_t step);
+
+/* ---------------------------------------------------------------------- */
 /* Statistics                                                              */
 
 struct mkv_tier_stats {

@@ -387,3 +387,150 @@ Test(gather, blocks_by_value_match_reference)
 	gpu_gather_ctx_destroy(c);
 	cudaFreeHost(msrc);
 }
+
+/* ------------------------------------------------------------------ */
+/* Device-driven gather (gpu_devmap_*, the store's mkv_devmap)         */
+
+/* The kernel against gpu_devmap_gather_ref on one table over mapped
+ * pinned host memory (readable by both sides, so in-place addresses are
+ * the same pointers): copied and in-place segments, odd and aligned
+ * layouts, a selection with repeats, unsorted, with ids past the table,
+ * and counts below and above max_sel, read from device memory. */
+Test(gather, devmap_kernel_matches_reference)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng g;
+	gu_rng_init(&g, seed);
+	const size_t src_len = (size_t)8 << 20;
+	char *msrc;
+	GU_CK(cudaHostAlloc((void **)&msrc, src_len, cudaHostAllocMapped));
+	fill_random(&g, msrc, src_len);
+	for (int round = 0; round < 6; round++) {
+		const bool al = round % 2 == 0;
+		uint32_t nseg = 1 + gu_below(&g, 200);
+		struct gpu_dm_seg *t = calloc(nseg, sizeof *t);
+		cr_assert(t);
+		uint64_t first = 0, src = 0, slot = 16;
+		for (uint32_t i = 0; i < nseg; i++) {
+			uint32_t vb = al ? 16 * (1 + gu_below(&g, 80)) : 1 + gu_below(&g, 1500);
+			uint32_t bb = al ? 16 * (1 + gu_below(&g, 20)) : 1 + gu_below(&g, 300);
+			uint32_t nb = 1 + gu_below(&g, 40);
+			uint32_t vlen = vb * nb - (al ? 0 : gu_below(&g, vb));
+			uint32_t blen = bb * nb - (al ? 0 : gu_below(&g, bb));
+			uint32_t voff = al ? 16 * gu_below(&g, 4) : gu_below(&g, 50);
+			uint32_t boff = voff + vlen + (al ? 16 * gu_below(&g, 2) : gu_below(&g, 9));
+			if (src + boff + blen > src_len)
+				src = 0;
+			t[i] = (struct gpu_dm_seg){
+				.src = msrc + src, .first = first,
+				.values_off = voff, .values_len = vlen,
+				.bitmaps_off = boff, .bitmaps_len = blen,
+				.values_block = vb, .bitmaps_block = bb, .n_blocks = nb,
+				.copy = (uint8_t)(gu_below(&g, 4) != 0),
+				.tier = (uint8_t)gu_below(&g, 2),
+			};
+			src = (src + boff + blen + 64) & ~(uint64_t)(al ? 15 : 0);
+			first += nb;
+			if (vb + bb > slot)
+				slot = vb + bb;
+		}
+		slot = (slot + 15) & ~(uint64_t)15;
+		const uint32_t max_sel = 1 + gu_below(&g, 3000);
+		/* count: usually within max_sel, sometimes past it */
+		const uint32_t count = gu_below(&g, 5) ? gu_below(&g, max_sel + 1)
+						       : max_sel + 1 + gu_below(&g, 50);
+		const uint32_t nsel = count > max_sel ? count : max_sel;
+		uint32_t *sel = calloc(nsel, sizeof *sel);
+		cr_assert(sel);
+		for (uint32_t k = 0; k < nsel; k++)
+			sel[k] = gu_below(&g, 50) ? (uint32_t)gu_below(&g, (uint32_t)first)
+						  : (uint32_t)first + gu_below(&g, 9);
+		struct gpu_devmap *m = NULL;
+		cr_assert_eq(gpu_devmap_create(0, t, nseg, &m), 0);
+		cr_assert_eq(gpu_devmap_blocks(m), first);
+		uint32_t *dsel = gu_upload(sel, (size_t)nsel * sizeof *sel);
+		uint32_t *dcount = gu_upload(&count, sizeof count);
+		const size_t sbytes = (size_t)max_sel * slot;
+		char *dst = gu_dev(sbytes);
+		struct gpu_dm_addr *dout = gu_dev((size_t)max_sel * sizeof *dout);
+		GU_CK(cudaMemset(dst, FILL, sbytes));
+		GU_CK(cudaMemset(dout, 0x5a, (size_t)max_sel * sizeof *dout));
+		cr_assert_eq(gpu_devmap_gather(m, dsel, dcount, max_sel, dst, slot, dout, NULL), 0);
+		/* a second gather of the same selection: hits add up */
+		cr_assert_eq(gpu_devmap_gather(m, dsel, dcount, max_sel, dst, slot, dout, NULL), 0);
+		uint32_t *hits = calloc(first, sizeof *hits), *rhits = calloc(first, sizeof *rhits);
+		uint64_t refused = 0, rrefused = 0;
+		cr_assert(hits && rhits);
+		cr_assert_eq(gpu_devmap_collect(m, hits, &refused), 0);
+
+		char *want = malloc(sbytes), *got = malloc(sbytes);
+		struct gpu_dm_addr *wout = calloc(max_sel, sizeof *wout);
+		struct gpu_dm_addr *gout = calloc(max_sel, sizeof *gout);
+		cr_assert(want && got && wout && gout);
+		memset(want, FILL, sbytes);
+		for (int rep = 0; rep < 2; rep++)
+			gpu_devmap_gather_ref(t, nseg, sel, count, max_sel, want, slot, wout,
+					      rhits, &rrefused);
+		GU_CK(cudaMemcpy(got, dst, sbytes, cudaMemcpyDeviceToHost));
+		GU_CK(cudaMemcpy(gout, dout, (size_t)max_sel * sizeof *gout,
+				 cudaMemcpyDeviceToHost));
+		cr_assert_eq(memcmp(got, want, sbytes), 0, "staging differs (seed %llx, round %d)",
+			     (unsigned long long)seed, round);
+		cr_assert_eq(refused, rrefused, "refused %llu, want %llu (seed %llx)",
+			     (unsigned long long)refused, (unsigned long long)rrefused,
+			     (unsigned long long)seed);
+		cr_assert_eq(memcmp(hits, rhits, first * sizeof *hits), 0, "hits differ");
+		const uint32_t done = count < max_sel ? count : max_sel;
+		for (uint32_t k = 0; k < done; k++) {
+			const struct gpu_dm_addr *a = &gout[k], *w = &wout[k];
+			cr_assert_eq(a->values_bytes, w->values_bytes);
+			cr_assert_eq(a->bitmaps_bytes, w->bitmaps_bytes);
+			cr_assert_eq(a->tier, w->tier);
+			cr_assert_eq(a->device, w->device);
+			/* staged: same offset in either staging; in place: same pointer */
+			const bool staged = w->values >= (const void *)want &&
+					    w->values < (const void *)(want + sbytes);
+			if (staged) {
+				cr_assert_eq((const char *)a->values - dst,
+					     (const char *)w->values - want, "entry %u", k);
+				cr_assert_eq((const char *)a->bitmaps - dst,
+					     (const char *)w->bitmaps - want);
+			} else {
+				cr_assert_eq(a->values, w->values, "entry %u (seed %llx)", k,
+					     (unsigned long long)seed);
+				cr_assert_eq(a->bitmaps, w->bitmaps);
+			}
+		}
+		/* collected: the device counters start again from zero */
+		memset(hits, 0, first * sizeof *hits);
+		refused = 0;
+		cr_assert_eq(gpu_devmap_collect(m, hits, &refused), 0);
+		cr_assert_eq(refused, 0);
+		for (uint64_t b = 0; b < first; b++)
+			cr_assert_eq(hits[b], 0);
+		gpu_devmap_destroy(m);
+		GU_CK(cudaFree(dsel));
+		GU_CK(cudaFree(dcount));
+		GU_CK(cudaFree(dst));
+		GU_CK(cudaFree(dout));
+		free(t);
+		free(sel);
+		free(hits);
+		free(rhits);
+		free(want);
+		free(got);
+		free(wout);
+		free(gout);
+	}
+	/* bad tables are refused */
+	struct gpu_dm_seg bad = { .src = msrc, .first = 1, .values_len = 16, .bitmaps_len = 16,
+				  .values_block = 16, .bitmaps_block = 16, .n_blocks = 1 };
+	struct gpu_devmap *m = NULL;
+	cr_assert_eq(gpu_devmap_create(0, &bad, 1, &m), -EINVAL);
+	bad.first = 0;
+	bad.n_blocks = 2; /* block 1 past values_len */
+	cr_assert_eq(gpu_devmap_create(0, &bad, 1, &m), -EINVAL);
+	cr_assert_null(m);
+	GU_CK(cudaFreeHost(msrc));
+}

@@ -497,6 +497,23 @@ Test(store, invalid_arguments)
 	cr_assert_eq(info.pins, 0);
 	cr_assert_eq(info.hits, 0);
 	cr_assert_eq(mkv_store_get_stats(s, &(struct mkv_store_stats){ .size = 3 }), -EINVAL);
+	/* Device maps: arguments first, then the missing device (su_opts
+	 * puts HBM in host memory); nothing pinned either way. */
+	struct mkv_devmap *dm = NULL;
+	cr_assert_eq(mkv_devmap_create(NULL, &k, 1, &dm), -EINVAL);
+	cr_assert_eq(mkv_devmap_create(s, NULL, 1, &dm), -EINVAL);
+	cr_assert_eq(mkv_devmap_create(s, &k, 0, &dm), -EINVAL);
+	cr_assert_eq(mkv_devmap_create(s, &k, 1, NULL), -EINVAL);
+	cr_assert_eq(mkv_devmap_create(s, &kk, 1, &dm), -EINVAL);
+	cr_assert_eq(mkv_devmap_create(s, &k, 1, &dm), -MKV_ENODEV);
+	cr_assert_null(dm);
+	cr_assert_eq(mkv_devmap_fetch(NULL, &b, NULL, 1, p, sizeof p, &ad, NULL), -EINVAL);
+	cr_assert_eq(mkv_devmap_sync(NULL, 1), -EINVAL);
+	cr_assert_eq(mkv_devmap_blocks(NULL), 0);
+	cr_assert_eq(mkv_devmap_slot_bytes(NULL), 0);
+	mkv_devmap_destroy(NULL);
+	cr_assert_eq(mkv_store_info(s, &k, &info), 0);
+	cr_assert_eq(info.pins, 0);
 	mkv_fetch_destroy(f);
 	mkv_fetch_destroy(NULL);
 	mkv_store_destroy(s);

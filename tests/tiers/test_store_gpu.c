@@ -300,3 +300,131 @@ Test(store_gpu, fetch_threads_and_kernel) { fetch_many(8, 0.5); }
 Test(store_gpu, fetch_threads_only) { fetch_many(8, 0); }
 Test(store_gpu, fetch_one_thread_and_kernel) { fetch_many(1, 0.7); }
 Test(store_gpu, fetch_gather_kernel_only) { fetch_many(0, 0.5); }
+
+/*
+ * A device map over segments in all three tiers (the NVMe ones come up to
+ * host memory at create): a selection written in device memory, with
+ * repeats, unsorted and with ids past the map, is fetched by one kernel;
+ * every address holds the bytes that were put, the refused ids are
+ * counted, the selections reach the statistics at sync, and the mapped
+ * segments stay pinned until the map goes.
+ */
+Test(store_gpu, devmap_fetches_a_device_selection)
+{
+	enum { NS = 6, NB = 32, NSEL = 100, NBAD = 3 };
+	char dir[256];
+	struct mkv_store_layout l = su_layout(NB);
+	struct mkv_seg_key k[NS];
+	char *p[NS];
+
+	need_gpu();
+	tu_mkdtemp(dir, sizeof dir);
+	struct mkv_store *s = gpu_store(dir);
+	for (int i = 0; i < NS; i++) {
+		k[i] = su_key(4, (uint32_t)i);
+		p[i] = su_payload(NB, 70 + (uint64_t)i);
+		cr_assert_eq(mkv_store_put(s, &k[i], p[i], su_len(NB), &l), 0);
+		if (i >= 2)
+			cr_assert_eq(su_move(s, k[i], i < 4 ? MKV_TIER_HOST : MKV_TIER_NVME), 0);
+	}
+	struct mkv_devmap *m = NULL;
+	cr_assert_eq(mkv_devmap_create(s, k, NS, &m), 0);
+	cr_assert_eq(mkv_devmap_blocks(m), NS * NB);
+	const uint64_t slot = mkv_devmap_slot_bytes(m);
+	cr_assert_geq(slot, SU_VB + SU_BB);
+	cr_assert_eq(slot % 16, 0);
+	for (int i = 0; i < NS; i++) {
+		struct mkv_seg_info info;
+		cr_assert_eq(mkv_store_info(s, &k[i], &info), 0);
+		cr_assert_eq(info.pins, 1);
+		cr_assert_eq(info.tier, i < 2 ? MKV_TIER_HBM : MKV_TIER_HOST, "seg %d", i);
+	}
+	/* pinned: the balancer and explicit moves leave them alone */
+	cr_assert_eq(mkv_store_move(s, &k[2], MKV_TIER_NVME, su_cb, NULL), -EBUSY);
+
+	uint32_t sel[NSEL + NBAD], want_hits[NS] = { 0 };
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+	for (int q = 0; q < NSEL + NBAD; q++) {
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		sel[q] = (uint32_t)((x >> 33) % (NS * NB));
+	}
+	for (int q = 0; q < NBAD; q++) /* past the map, spread over the list */
+		sel[q * 37 + 5] = NS * NB + (uint32_t)q * 1000;
+	for (int q = 0; q < NSEL + NBAD; q++)
+		if (sel[q] < NS * NB)
+			want_hits[sel[q] / NB]++;
+	const uint32_t count = NSEL + NBAD;
+	void *dsel, *dcount, *dst, *dout;
+	cr_assert_eq(tcuda_malloc(0, sizeof sel, &dsel), 0);
+	cr_assert_eq(tcuda_malloc(0, sizeof count, &dcount), 0);
+	cr_assert_eq(tcuda_malloc(0, count * slot, &dst), 0);
+	cr_assert_eq(tcuda_malloc(0, count * sizeof(struct mkv_block_addr), &dout), 0);
+	cr_assert_eq(tcuda_h2d(0, dsel, sel, sizeof sel), 0);
+	cr_assert_eq(tcuda_h2d(0, dcount, &count, sizeof count), 0);
+
+	/* bad input: refused, nothing queued */
+	cr_assert_eq(mkv_devmap_fetch(m, sel, dcount, count, dst, count * slot, dout, NULL),
+		     -EINVAL); /* a pageable host selection */
+	cr_assert_eq(mkv_devmap_fetch(m, dsel, dcount, count, dst, count * slot - 1, dout,
+				      NULL), -ENOSPC);
+	cr_assert_eq(mkv_devmap_fetch(m, NULL, dcount, count, dst, count * slot, dout, NULL),
+		     -EINVAL);
+	cr_assert_eq(mkv_devmap_fetch(m, dsel, dcount, 0, dst, 0, dout, NULL), 0);
+
+	cr_assert_eq(mkv_devmap_fetch(m, dsel, dcount, count, dst, count * slot, dout, NULL), 0);
+	cr_assert_eq(mkv_devmap_sync(m, 5), NBAD);
+	struct mkv_block_addr ad[NSEL + NBAD];
+	cr_assert_eq(tcuda_d2h(0, ad, dout, sizeof ad), 0);
+	for (int q = 0; q < NSEL + NBAD; q++) {
+		const struct mkv_block_addr *a = &ad[q];
+		if (sel[q] >= NS * NB) {
+			cr_assert(!a->values && !a->bitmaps && !a->values_bytes &&
+				  !a->bitmaps_bytes && !a->device, "refused entry %d", q);
+			continue;
+		}
+		const int i = (int)(sel[q] / NB);
+		const uint32_t j = sel[q] % NB;
+		cr_assert_eq(a->device, 1);
+		cr_assert_eq(a->tier, i < 2 ? MKV_TIER_HBM : MKV_TIER_HOST);
+		cr_assert_eq(a->values_bytes, SU_VB);
+		cr_assert_eq(a->bitmaps_bytes, SU_BB);
+		if (i >= 2)
+			cr_assert_eq((const char *)a->values, (char *)dst + q * slot,
+				     "host blocks are staged at their entry's slot");
+		check_dev(a->values, p[i] + l.values_off + j * SU_VB, SU_VB);
+		check_dev(a->bitmaps, p[i] + l.bitmaps_off + j * SU_BB, SU_BB);
+	}
+	for (int i = 0; i < NS; i++) {
+		struct mkv_seg_info info;
+		cr_assert_eq(mkv_store_info(s, &k[i], &info), 0);
+		cr_assert_eq(info.hits, want_hits[i], "seg %d: %llu hits, want %u", i,
+			     (unsigned long long)info.hits, want_hits[i]);
+		cr_assert_eq(info.last_step, want_hits[i] ? 5 : 0);
+	}
+	/* synced: nothing more to record */
+	cr_assert_eq(mkv_devmap_sync(m, 6), 0);
+	struct mkv_seg_info info;
+	cr_assert_eq(mkv_store_info(s, &k[0], &info), 0);
+	cr_assert_eq(info.hits, want_hits[0]);
+
+	mkv_devmap_destroy(m);
+	for (int i = 0; i < NS; i++) {
+		cr_assert_eq(mkv_store_info(s, &k[i], &info), 0);
+		cr_assert_eq(info.pins, 0);
+		su_check(s, k[i], NB, 70 + (uint64_t)i);
+	}
+	cr_assert_eq(su_move(s, k[2], MKV_TIER_NVME), 0);
+	/* a key that is not there: nothing stays pinned */
+	struct mkv_seg_key two[2] = { k[0], su_key(4, 99) };
+	cr_assert_eq(mkv_devmap_create(s, two, 2, &m), -ENOENT);
+	cr_assert_eq(mkv_store_info(s, &k[0], &info), 0);
+	cr_assert_eq(info.pins, 0);
+	tcuda_free(0, dsel);
+	tcuda_free(0, dcount);
+	tcuda_free(0, dst);
+	tcuda_free(0, dout);
+	mkv_store_destroy(s);
+	tu_rmtree(dir);
+	for (int i = 0; i < NS; i++)
+		free(p[i]);
+}
