@@ -436,8 +436,9 @@ static void fetch_pass(struct mkv_fetch *f, struct mkv_fetch_req *req,
  * The device-driven fetch (mkv_devmap_fetch) over the same store and
  * selections: every step's selection is written to device memory before
  * the timing, as the GPU's block selection leaves it (global ids: segment
- * i's block j is i * nb + j), and a step is timed from the call to the
- * end of its stream.  Each followed by one pinned H2D of the same bytes.
+ * i's block j is i * nb + j; copied into one fixed buffer before each
+ * step, the selection workspace of a decode loop), and a step is timed
+ * from the call to the end of its stream.  Each followed by one pinned H2D of the same bytes.
  * mkv_devmap_sync (statistics) is timed apart: a decode loop runs it once
  * every few steps, not inside the fetch.
  */
@@ -449,7 +450,7 @@ static void devmap_pass(struct mkv_store *s, struct mkv_fetch *f,
 	struct mkv_seg_key keys[NSEG];
 	struct mkv_devmap *m;
 	struct mkv_block_addr *out = calloc(nblk, sizeof *out), *dout;
-	uint32_t *ids = malloc((size_t)(steps + 1) * nblk * sizeof *ids), *dsel;
+	uint32_t *ids = malloc((size_t)(steps + 1) * nblk * sizeof *ids), *dsel, *dcur;
 	char *dst;
 	cudaStream_t cs;
 
@@ -470,6 +471,7 @@ static void devmap_pass(struct mkv_store *s, struct mkv_fetch *f,
 	CU(cudaMalloc((void **)&dsel, (size_t)(steps + 1) * nblk * sizeof *dsel));
 	CU(cudaMemcpy(dsel, ids, (size_t)(steps + 1) * nblk * sizeof *dsel,
 		      cudaMemcpyHostToDevice));
+	CU(cudaMalloc((void **)&dcur, nblk * sizeof *dcur));
 	CU(cudaMalloc((void **)&dst, nblk * slot));
 	CU(cudaMalloc((void **)&dout, nblk * sizeof *dout));
 	CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
@@ -477,9 +479,13 @@ static void devmap_pass(struct mkv_store *s, struct mkv_fetch *f,
 		size_t sb = 0;
 		double t0, dt_d, dt_h, dt_s;
 
+		/* the step's selection into the one buffer the fetch reads,
+		 * as a selection kernel would leave it there */
+		CU(cudaMemcpyAsync(dcur, dsel + (size_t)st * nblk, nblk * sizeof *dcur,
+				   cudaMemcpyDeviceToDevice, cs));
+		CU(cudaStreamSynchronize(cs));
 		t0 = now();
-		CK(mkv_devmap_fetch(m, dsel + (size_t)st * nblk, NULL, nblk, dst,
-				    nblk * slot, dout, cs));
+		CK(mkv_devmap_fetch(m, dcur, NULL, nblk, dst, nblk * slot, dout, cs));
 		CU(cudaStreamSynchronize(cs));
 		dt_d = now() - t0;
 		t0 = now();
@@ -534,6 +540,7 @@ static void devmap_pass(struct mkv_store *s, struct mkv_fetch *f,
 	mkv_devmap_destroy(m);
 	cudaStreamDestroy(cs);
 	cudaFree(dsel);
+	cudaFree(dcur);
 	cudaFree(dst);
 	cudaFree(dout);
 	free(ids);

@@ -470,10 +470,14 @@ struct gpu_devmap {
 	uint32_t n;
 	uint64_t blocks;
 	struct gpu_dm_seg *segs;  /* device */
-	uint32_t *hits;           /* device, per block */
-	unsigned long long *refused; /* device, one */
+	/* Counters, one allocation so that collect is one copy and one
+	 * memset: per-block hits (u32), then the refused count (u64). */
+	char *cnt, *hcnt;         /* device; pinned host mirror */
+	size_t cnt_bytes, refused_off;
 	cudaStream_t stream;      /* collect and destroy wait on it */
-	cudaEvent_t ev;
+	cudaEvent_t ev;           /* recorded after the last gather ... */
+	cudaStream_t last;        /* ... on this stream */
+	int have_last;
 };
 
 /* The segment holding block @id (< the table's blocks): the last with
@@ -597,6 +601,8 @@ extern "C" void gpu_devmap_destroy(struct gpu_devmap *m)
 	if (!m)
 		return;
 	if (cudaSetDevice(m->dev) == cudaSuccess) {
+		if (m->stream && m->have_last)
+			(void)cudaStreamWaitEvent(m->stream, m->ev, 0);
 		if (m->stream)
 			(void)cudaStreamSynchronize(m->stream);
 		if (m->ev)
@@ -604,8 +610,9 @@ extern "C" void gpu_devmap_destroy(struct gpu_devmap *m)
 		if (m->stream)
 			(void)cudaStreamDestroy(m->stream);
 		(void)cudaFree(m->segs);
-		(void)cudaFree(m->hits);
-		(void)cudaFree(m->refused);
+		(void)cudaFree(m->cnt);
+		if (m->hcnt)
+			(void)cudaFreeHost(m->hcnt);
 	}
 	(void)cudaGetLastError();
 	free(m);
@@ -637,13 +644,14 @@ extern "C" int gpu_devmap_create(int dev, const struct gpu_dm_seg *segs, uint32_
 	} while (0)
 	DM_CK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
 	DM_CK(cudaEventCreateWithFlags(&m->ev, cudaEventDisableTiming));
+	m->refused_off = ((size_t)m->blocks * sizeof(uint32_t) + 7) & ~(size_t)7;
+	m->cnt_bytes = m->refused_off + sizeof(unsigned long long);
 	DM_CK(cudaMalloc((void **)&m->segs, (size_t)n * sizeof *segs));
-	DM_CK(cudaMalloc((void **)&m->hits, (size_t)m->blocks * sizeof *m->hits));
-	DM_CK(cudaMalloc((void **)&m->refused, sizeof *m->refused));
+	DM_CK(cudaMalloc((void **)&m->cnt, m->cnt_bytes));
+	DM_CK(cudaMallocHost((void **)&m->hcnt, m->cnt_bytes));
 	DM_CK(cudaMemcpyAsync(m->segs, segs, (size_t)n * sizeof *segs,
 			      cudaMemcpyHostToDevice, m->stream));
-	DM_CK(cudaMemsetAsync(m->hits, 0, (size_t)m->blocks * sizeof *m->hits, m->stream));
-	DM_CK(cudaMemsetAsync(m->refused, 0, sizeof *m->refused, m->stream));
+	DM_CK(cudaMemsetAsync(m->cnt, 0, m->cnt_bytes, m->stream));
 	/* @segs is the caller's: the copy must be done before we return */
 	DM_CK(cudaStreamSynchronize(m->stream));
 #undef DM_CK
@@ -665,49 +673,42 @@ extern "C" int gpu_devmap_gather(struct gpu_devmap *m, const uint32_t *sel,
 	if (max_sel == 0)
 		return 0;
 	GATHER_CK(cudaSetDevice(m->dev));
+	/* The map's stream must end up waiting for every gather: the event
+	 * marks the last one on the last stream, and a change of stream first
+	 * hands the previous stream's last gather to the map's stream (one
+	 * event record per call on the usual single stream). */
+	if (m->have_last && m->last != (cudaStream_t)s)
+		GATHER_CK(cudaStreamWaitEvent(m->stream, m->ev, 0));
 	devmap_kernel<<<(max_sel + GATHER_WARPS - 1) / GATHER_WARPS, GATHER_WARPS * 32, 0,
 			(cudaStream_t)s>>>(m->segs, m->n, m->blocks, sel, count, max_sel,
-					   (char *)staging, slot, out, m->hits, m->refused);
+					   (char *)staging, slot, out, (uint32_t *)m->cnt,
+					   (unsigned long long *)(m->cnt + m->refused_off));
 	GATHER_CK(cudaGetLastError());
-	/* The map's stream waits for this gather from here on, so collect
-	 * and destroy, which wait on that stream, wait for it too, whatever
-	 * stream the caller used. */
 	GATHER_CK(cudaEventRecord(m->ev, (cudaStream_t)s));
-	GATHER_CK(cudaStreamWaitEvent(m->stream, m->ev, 0));
+	m->last = (cudaStream_t)s;
+	m->have_last = 1;
 	return 0;
 }
 
 extern "C" int gpu_devmap_collect(struct gpu_devmap *m, uint32_t *hits, uint64_t *refused)
 {
-	uint32_t *h;
-	unsigned long long r = 0;
+	unsigned long long r;
 
 	if (!m || !hits || !refused)
 		return -EINVAL;
-	h = (uint32_t *)malloc((size_t)m->blocks * sizeof *h);
-	if (!h)
-		return -ENOMEM;
 	GATHER_CK(cudaSetDevice(m->dev));
-#define DM_CK(call)                                     \
-	do {                                            \
-		cudaError_t e_ = (call);                \
-		if (e_ != cudaSuccess) {                \
-			(void)cudaGetLastError();       \
-			free(h);                        \
-			return gpu_errno(e_);           \
-		}                                       \
-	} while (0)
-	DM_CK(cudaMemcpyAsync(h, m->hits, (size_t)m->blocks * sizeof *h,
-			      cudaMemcpyDeviceToHost, m->stream));
-	DM_CK(cudaMemcpyAsync(&r, m->refused, sizeof r, cudaMemcpyDeviceToHost, m->stream));
-	DM_CK(cudaMemsetAsync(m->hits, 0, (size_t)m->blocks * sizeof *h, m->stream));
-	DM_CK(cudaMemsetAsync(m->refused, 0, sizeof r, m->stream));
-	DM_CK(cudaStreamSynchronize(m->stream));
-#undef DM_CK
+	if (m->have_last)
+		GATHER_CK(cudaStreamWaitEvent(m->stream, m->ev, 0));
+	GATHER_CK(cudaMemcpyAsync(m->hcnt, m->cnt, m->cnt_bytes, cudaMemcpyDeviceToHost,
+				  m->stream));
+	GATHER_CK(cudaMemsetAsync(m->cnt, 0, m->cnt_bytes, m->stream));
+	GATHER_CK(cudaStreamSynchronize(m->stream));
+	const uint32_t *h = (const uint32_t *)m->hcnt;
+
 	for (uint64_t b = 0; b < m->blocks; b++)
 		hits[b] += h[b];
+	memcpy(&r, m->hcnt + m->refused_off, sizeof r);
 	*refused += r;
-	free(h);
 	return 0;
 }
 

@@ -2726,6 +2726,10 @@ struct mkv_devmap {
 	size_t n;
 	uint64_t blocks, slot;
 	uint32_t *hits;     /* host, per block: collected, not yet recorded */
+	/* The last pointers found device-readable (sel, count, staging,
+	 * out): a decode loop passes the same ones every step, and each
+	 * check is a driver call. */
+	const void *ok[4];
 #if MKV_HAVE_CUDA
 	struct gpu_devmap *g;
 #endif
@@ -2989,10 +2993,17 @@ int mkv_devmap_fetch(struct mkv_devmap *m, const uint32_t *sel, const uint32_t *
 	const int dev = m->s->gpu;
 
 	/* A host pointer handed to the kernel would fault the whole context:
-	 * refuse it here instead. */
-	if (!tcuda_device_readable(dev, sel) || !tcuda_device_readable(dev, staging) ||
-	    !tcuda_device_readable(dev, out) || (count && !tcuda_device_readable(dev, count)))
-		return -EINVAL;
+	 * refuse it here instead.  (A freed allocation cannot be told from a
+	 * live one by any check: that stays the caller's to avoid.) */
+	const void *const ptr[4] = { sel, count, staging, out };
+
+	for (int i = 0; i < 4; i++) {
+		if (!ptr[i] || ptr[i] == m->ok[i])
+			continue;
+		if (!tcuda_device_readable(dev, ptr[i]))
+			return -EINVAL;
+		m->ok[i] = ptr[i];
+	}
 	return gpu_devmap_gather(m->g, sel, count, max_sel, staging, m->slot,
 				 (struct gpu_dm_addr *)out, (struct CUstream_st *)stream);
 #else
