@@ -453,13 +453,17 @@ int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 			uint32_t i0 = j * kv->b;
 			uint32_t rows = kv->n - i0 < kv->b ? kv->n - i0 : kv->b;
 			for (uint32_t t = 0; t < rows; t++) {
-				packed_unpack_row(kv, a->kaddr[bi].values,
-						  a->kaddr[bi].bitmaps, t, s.kbuf);
+				const float *ks = a->ksc ? a->ksc + (seg_toks + t) * nq : NULL;
+
+				if (!ks)
+					packed_unpack_row(kv, a->kaddr[bi].values,
+							  a->kaddr[bi].bitmaps, t, s.kbuf);
 				packed_unpack_row(vv, a->vaddr[bi].values,
 						  a->vaddr[bi].bitmaps, t, s.vbuf);
 				for (uint32_t h = 0; h < nq; h++) {
-					float sc = scale * dot(qr + (size_t)h * kv->d_keep,
-							       s.kbuf, kv->d_keep);
+					float sc = ks ? ks[h]
+						      : scale * dot(qr + (size_t)h * kv->d_keep,
+								    s.kbuf, kv->d_keep);
 					osm_push(&s.part[h], sc, s.vbuf, vv->d_keep);
 				}
 			}
@@ -534,8 +538,9 @@ static int rcand_cmp(const void *a, const void *b)
  * query heads, ranks like the oracle (the blocks of most exact mass).
  */
 int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
-		    struct attn_src *src, size_t nsrc)
+		    struct attn_src *src, size_t nsrc, float **ksc_mem)
 {
+	*ksc_mem = NULL;
 	if (attn_refine(o) <= 1.0)
 		return 0;
 	uint32_t nq = o->n_q;
@@ -615,23 +620,38 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 		keep[c[k].idx] = 1;
 		taken += c[k].ntok;
 	}
-	/* Compact each source in place, order kept. */
+	/* Compact each source in place, order kept, and its kept rows'
+	 * scores to the front of sc (never ahead of where they are read:
+	 * the write position trails the read position). */
 	ci = 0;
+	t = 0;
+	size_t wt = 0;
 	for (size_t i = 0; i < nsrc; i++) {
 		uint32_t *bl = (uint32_t *)src[i].blocks;
 		struct blk_addr *ka = (struct blk_addr *)src[i].kaddr;
 		struct blk_addr *va = (struct blk_addr *)src[i].vaddr;
 		uint32_t w = 0;
+		size_t first = wt;
 		for (uint32_t bi = 0; bi < src[i].n_sel; bi++, ci++) {
-			if (!keep[ci])
-				continue;
-			bl[w] = bl[bi];
-			ka[w] = ka[bi];
-			va[w] = va[bi];
-			w++;
+			/* c[] is sorted now: row counts come from the block */
+			const struct mkv_packed_view *kv = &src[i].k->v;
+			uint32_t i0 = bl[bi] * kv->b;
+			uint32_t rows = kv->n - i0 < kv->b ? kv->n - i0 : kv->b;
+			if (keep[ci]) {
+				memmove(sc + wt * nq, sc + t * nq, sizeof(float) * rows * nq);
+				wt += rows;
+				bl[w] = bl[bi];
+				ka[w] = ka[bi];
+				va[w] = va[bi];
+				w++;
+			}
+			t += rows;
 		}
 		src[i].n_sel = w;
+		src[i].ksc = w ? sc + first * nq : NULL;
 	}
+	*ksc_mem = sc;
+	sc = NULL;
 	rc = 0;
 out:
 	free(keep);
@@ -719,9 +739,11 @@ int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
 			w++;
 		}
 	}
-	if ((rc = attn_refine_sel(o, q, src, nseg)))
+	float *ksc = NULL;
+	if ((rc = attn_refine_sel(o, q, src, nseg, &ksc)))
 		goto out;
 	rc = attend_blocks(o, q, src, nseg, win, out, st);
+	free(ksc);
 out:
 	free(mask);
 	free(src);

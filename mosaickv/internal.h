@@ -53,6 +53,10 @@ struct attn_src {
 	uint32_t n_sel;
 	const uint32_t *blocks;
 	const struct blk_addr *kaddr, *vaddr;
+	/* Scaled scores of the selected rows already computed (the second
+	 * stage's, reused: the same products in the same order), n_q per
+	 * token in block then row order; NULL: attend_blocks scores them. */
+	const float *ksc;
 };
 /* Block @block's packed values and bitmaps in an in-memory segment. */
 MKV_HIDDEN struct blk_addr seg_block_addr(const struct mkv_segment *s,
@@ -78,11 +82,13 @@ MKV_HIDDEN double attn_stage1_frac(const struct mkv_attn_opts *o);
  * first stage's candidates (their packed K at kaddr, readable here); keep
  * the sink and the blocks of most attention mass until o->token_frac of
  * the history, dropping the others from @src in place (its blocks, kaddr
- * and vaddr arrays must be the caller's own, writable).  Nothing happens
- * for refine <= 1.  Returns 0 or -ENOMEM (src unchanged).
+ * and vaddr arrays must be the caller's own, writable), and point each
+ * source's ksc at the kept rows' scores in *@ksc_mem (the caller frees it
+ * after attend_blocks).  Nothing happens for refine <= 1 (*@ksc_mem
+ * NULL).  Returns 0 or -ENOMEM (src unchanged).
  */
 MKV_HIDDEN int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
-			       struct attn_src *src, size_t nsrc);
+			       struct attn_src *src, size_t nsrc, float **ksc_mem);
 
 /* Decode row @t of packed rows starting at @vals/@bms (a whole segment's
  * arrays, or one block's) into v->d_keep floats, rotated space. */

@@ -1344,12 +1344,14 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 				.v = l->rawv + (size_t)(hist - l->raw_start) * d,
 				.dtype = MKV_DTYPE_F32, .n = w};
 			struct mkv_attn_stats ast = {0};
-			rc = attn_refine_sel(&ao, qh, src, m);
+			float *ksc = NULL;
+			rc = attn_refine_sel(&ao, qh, src, m, &ksc);
 			if (!rc) {
 				rc = attend_blocks(&ao, qh, src, m, w ? &win : NULL,
 						   out + h * gq, &ast);
 				attend_bytes += ast.bytes_read;
 			}
+			free(ksc);
 			if (nreq)
 				mkv_fetch_release(s->fetch);
 inner:
