@@ -84,6 +84,16 @@ static void fill_random(struct gu_rng *g, char *p, size_t len)
 	}
 }
 
+/* @len bytes of mapped pinned host memory, random (cudaFreeHost). */
+static char *mapped_random(struct gu_rng *g, size_t len)
+{
+	char *p = NULL;
+
+	GU_CK(cudaHostAlloc((void **)&p, len, cudaHostAllocMapped));
+	fill_random(g, p, len);
+	return p;
+}
+
 Test(gather, raw_kernel_from_mapped_host)
 {
 	GU_NEED_GPU();
@@ -91,9 +101,7 @@ Test(gather, raw_kernel_from_mapped_host)
 	struct gu_rng g;
 	gu_rng_init(&g, seed);
 	const size_t src_len = (size_t)8 << 20;
-	char *src;
-	GU_CK(cudaHostAlloc((void **)&src, src_len, cudaHostAllocMapped));
-	fill_random(&g, src, src_len);
+	char *src = mapped_random(&g, src_len);
 	struct gpu_piece *p = malloc(4096 * sizeof *p);
 	cr_assert(p);
 	size_t dst_len;
@@ -289,6 +297,26 @@ Test(gather, store_fetch_over_launch_limits)
 	store_fetch_case(GPU_BG_MAXSEG + 19, 64, 40, 15);
 }
 
+/* A random block layout of one segment: aligned (16-byte sizes and
+ * offsets: the kernels' fast path) or not (odd sizes, short last blocks). */
+struct rlay {
+	uint32_t vb, bb, nb, vlen, blen, voff, boff;
+};
+
+static struct rlay random_layout(struct gu_rng *g, bool al)
+{
+	struct rlay y;
+
+	y.vb = al ? 16 * (1 + gu_below(g, 80)) : 1 + gu_below(g, 1500);
+	y.bb = al ? 16 * (1 + gu_below(g, 20)) : 1 + gu_below(g, 300);
+	y.nb = 1 + gu_below(g, 40);
+	y.vlen = y.vb * y.nb - (al ? 0 : gu_below(g, y.vb));
+	y.blen = y.bb * y.nb - (al ? 0 : gu_below(g, y.bb));
+	y.voff = al ? 16 * gu_below(g, 4) : gu_below(g, 50);
+	y.boff = y.voff + y.vlen + (al ? 16 * gu_below(g, 2) : gu_below(g, 9));
+	return y;
+}
+
 /* Random block layouts (odd sizes, short last blocks, unaligned) for the
  * by-value kernel against gpu_gather_blocks_ref. */
 Test(gather, blocks_by_value_match_reference)
@@ -298,9 +326,7 @@ Test(gather, blocks_by_value_match_reference)
 	struct gu_rng g;
 	gu_rng_init(&g, seed);
 	const size_t src_len = (size_t)8 << 20;
-	char *msrc;
-	GU_CK(cudaHostAlloc((void **)&msrc, src_len, cudaHostAllocMapped));
-	fill_random(&g, msrc, src_len);
+	char *msrc = mapped_random(&g, src_len);
 	struct gpu_gather_ctx *c = NULL;
 	cr_assert_eq(gpu_gather_ctx_create(0, 1, &c), 0);
 	struct gpu_bg_args *a = calloc(1, sizeof *a);
@@ -312,13 +338,9 @@ Test(gather, blocks_by_value_match_reference)
 		a->first[0] = 0;
 		for (uint32_t i = 0; i < nseg; i++) {
 			bool al = round % 2 == 0; /* aligned rounds: the fast path */
-			uint32_t vb = al ? 16 * (1 + gu_below(&g, 80)) : 1 + gu_below(&g, 1500);
-			uint32_t bb = al ? 16 * (1 + gu_below(&g, 20)) : 1 + gu_below(&g, 300);
-			uint32_t nb = 1 + gu_below(&g, 40);
-			uint32_t vlen = vb * nb - (al ? 0 : gu_below(&g, vb));
-			uint32_t blen = bb * nb - (al ? 0 : gu_below(&g, bb));
-			uint32_t voff = al ? 16 * gu_below(&g, 4) : gu_below(&g, 50);
-			uint32_t boff = voff + vlen + (al ? 16 * gu_below(&g, 2) : gu_below(&g, 9));
+			struct rlay y = random_layout(&g, al);
+			uint32_t vb = y.vb, bb = y.bb, nb = y.nb, vlen = y.vlen, blen = y.blen;
+			uint32_t voff = y.voff, boff = y.boff;
 			if (src + boff + blen > src_len)
 				src = 0;
 			struct gpu_bg_seg *sg = &a->seg[i];
@@ -403,9 +425,7 @@ Test(gather, devmap_kernel_matches_reference)
 	struct gu_rng g;
 	gu_rng_init(&g, seed);
 	const size_t src_len = (size_t)8 << 20;
-	char *msrc;
-	GU_CK(cudaHostAlloc((void **)&msrc, src_len, cudaHostAllocMapped));
-	fill_random(&g, msrc, src_len);
+	char *msrc = mapped_random(&g, src_len);
 	for (int round = 0; round < 6; round++) {
 		const bool al = round % 2 == 0;
 		uint32_t nseg = 1 + gu_below(&g, 200);
@@ -413,13 +433,9 @@ Test(gather, devmap_kernel_matches_reference)
 		cr_assert(t);
 		uint64_t first = 0, src = 0, slot = 16;
 		for (uint32_t i = 0; i < nseg; i++) {
-			uint32_t vb = al ? 16 * (1 + gu_below(&g, 80)) : 1 + gu_below(&g, 1500);
-			uint32_t bb = al ? 16 * (1 + gu_below(&g, 20)) : 1 + gu_below(&g, 300);
-			uint32_t nb = 1 + gu_below(&g, 40);
-			uint32_t vlen = vb * nb - (al ? 0 : gu_below(&g, vb));
-			uint32_t blen = bb * nb - (al ? 0 : gu_below(&g, bb));
-			uint32_t voff = al ? 16 * gu_below(&g, 4) : gu_below(&g, 50);
-			uint32_t boff = voff + vlen + (al ? 16 * gu_below(&g, 2) : gu_below(&g, 9));
+			struct rlay y = random_layout(&g, al);
+			uint32_t vb = y.vb, bb = y.bb, nb = y.nb, vlen = y.vlen, blen = y.blen;
+			uint32_t voff = y.voff, boff = y.boff;
 			if (src + boff + blen > src_len)
 				src = 0;
 			t[i] = (struct gpu_dm_seg){
