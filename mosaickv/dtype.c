@@ -36,11 +36,6 @@ static inline float u2f(uint32_t u)
 	return f;
 }
 
-float mkv_bf16_to_f32(uint16_t h)
-{
-	return u2f((uint32_t)h << 16);
-}
-
 uint16_t mkv_f32_to_bf16(float f)
 {
 	uint32_t u = f2u(f);

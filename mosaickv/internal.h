@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
 #include <mosaickv/compress.h>
 #include <mosaickv/attention.h>
 
@@ -105,7 +107,14 @@ MKV_HIDDEN void seg_strip(struct mkv_segment *s);
 
 /* dtype.c */
 MKV_HIDDEN bool mkv_dtype_valid(enum mkv_dtype dt);
-MKV_HIDDEN float mkv_bf16_to_f32(uint16_t h);
+/* Inline: it sits in the inner loops of scoring and decoding. */
+static inline float mkv_bf16_to_f32(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, sizeof f);
+	return f;
+}
 MKV_HIDDEN uint16_t mkv_f32_to_bf16(float f);      /* nearest, ties to even */
 MKV_HIDDEN uint16_t mkv_f32_to_bf16_down(float f); /* toward -inf */
 MKV_HIDDEN uint16_t mkv_f32_to_bf16_up(float f);   /* toward +inf */
