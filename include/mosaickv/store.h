@@ -202,7 +202,8 @@ MKV_API int mkv_store_create(const struct mkv_store_opts *o,
  * Wait for every submitted asynchronous operation to complete (their
  * callbacks run), stop the workers and free the store.  Segments in HBM
  * and host memory are gone; NVMe segments stay for a later reopen.
- * Outstanding struct mkv_fetch objects must have been destroyed first.
+ * Outstanding struct mkv_fetch and struct mkv_devmap objects must have
+ * been destroyed first.
  * NULL is accepted.
  */
 MKV_API void mkv_store_destroy(struct mkv_store *s);
