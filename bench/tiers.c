@@ -43,7 +43,8 @@
  *    with their own ring (as the store's workers; queue depth = threads x
  *    batch, default 2 x 64), against a plain O_DIRECT file of the same
  *    total bytes written with 4 MiB pwrite + fdatasync and read with
- *    4 MiB pread (queue depth 1).  For reference, also files like the
+ *    4 MiB pread (queue depth 1), which of the two first alternating by
+ *    round.  For reference, also files like the
  *    tier's (the first 256) written and read plainly one after the other
  *    (per-file QD1).
  *    Both bypass the page cache.  Throughput counts payload bytes; the
@@ -1105,14 +1106,23 @@ static void run_nvme(struct nvme_fig *fig, const char *dir, size_t total_mib,
 		struct tier_io io = { w[0].ring };
 
 		job.round = (uint64_t)rd;
-		/* plain O_DIRECT write, then the tier's spill */
-		ow[rd] = (double)od_total / odirect_write(odpath, odbuf, od_total);
+		/* Plain O_DIRECT and the tier, writes then reads; which of the
+		 * two goes first alternates by round, so that what the disk is
+		 * still doing for the one before (write-back below the VM, a
+		 * cache just filled) falls on each contender equally often. */
+		const bool od_first = rd % 2 == 0;
+		if (od_first)
+			ow[rd] = (double)od_total / odirect_write(odpath, odbuf, od_total);
 		job.reading = 0;
 		tw[rd] = (double)total / nvme_run(w, nthreads);
-		/* plain O_DIRECT read, then the tier's reads */
-		orr[rd] = (double)od_total / odirect_read(odpath, odbuf, od_total);
+		if (!od_first)
+			ow[rd] = (double)od_total / odirect_write(odpath, odbuf, od_total);
+		if (od_first)
+			orr[rd] = (double)od_total / odirect_read(odpath, odbuf, od_total);
 		job.reading = 1;
 		tr[rd] = (double)total / nvme_run(w, nthreads);
+		if (!od_first)
+			orr[rd] = (double)od_total / odirect_read(odpath, odbuf, od_total);
 		/* what each thread read last is what was written */
 		for (unsigned t = 0; t < nthreads; t++)
 			for (unsigned i = 0; i < w[t].last_n; i++) {
