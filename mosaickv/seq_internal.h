@@ -65,6 +65,8 @@ struct done {
 	struct strat st;           /* the final strategy on success */
 };
 
+struct attend_pool;
+
 struct mkv_seq {
 	struct mkv_store *store;
 	struct mkv_seq_opts o;
@@ -72,6 +74,7 @@ struct mkv_seq {
 	uint32_t d_keep;
 	struct lh *lh;               /* layers × kv_heads */
 	struct mkv_fetch *fetch;
+	struct attend_pool *pool;    /* NULL: the caller attends every head */
 	struct seqgpu *gpu;          /* NULL: attention on the CPU only */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;

@@ -54,6 +54,7 @@ static void seq_opts_defaults(struct mkv_seq_opts *o, size_t size)
 	o->adaptive = size > SEQ_OPTS_V1 ? 0 : 1;
 	o->summary_channels = 0;
 	o->refine = 0.0;
+	o->attend_threads = 1;
 }
 
 /* Internal: summary_channels of a version-1 caller, "S = r". */
@@ -128,7 +129,8 @@ static bool seq_opts_valid(const struct mkv_seq_opts *o)
 	if (!o->adaptive && (!mkv_g_valid(o->g) || !mkv_b_valid(o->b) ||
 			     o->r > dk || o->r % o->g || dk % o->g))
 		return false;
-	return o->lag_cap >= ((size_t)1 << 20) && o->staging_bytes > 0;
+	return o->lag_cap >= ((size_t)1 << 20) && o->staging_bytes > 0 &&
+	       o->attend_threads <= 64;
 }
 
 static void strat_free(struct strat *s)
@@ -235,6 +237,11 @@ static void pred_record(struct lh *l, uint32_t id, const uint32_t *blocks,
 	l->npblocks += n;
 }
 
+struct attend_pool;
+static int pool_create(struct mkv_store *store, unsigned nt, size_t staging,
+		       struct attend_pool **out);
+static void pool_destroy(struct attend_pool *p);
+
 int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
 		 uint64_t id, struct mkv_seq **out)
 {
@@ -263,8 +270,17 @@ int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
 	rc = mkv_fetch_create(store, o->staging_bytes, &s->fetch);
 	if (rc)
 		goto fail;
+	if (o->attend_threads > 1 && o->kv_heads > 1) {
+		unsigned nt = o->attend_threads < o->kv_heads ? o->attend_threads : o->kv_heads;
+		rc = pool_create(store, nt, o->staging_bytes, &s->pool);
+		if (rc) {
+			mkv_fetch_destroy(s->fetch);
+			goto fail;
+		}
+	}
 	rc = seqgpu_create(store_device(store), o, &s->gpu);
 	if (rc) {
+		pool_destroy(s->pool);
 		mkv_fetch_destroy(s->fetch);
 		goto fail;
 	}
@@ -1199,6 +1215,356 @@ static void seg_prefix(struct mkv_segment *dst, const struct mkv_segment *src,
 	dst->v.n_blocks = (n + src->v.b - 1) / src->v.b;
 }
 
+/*
+ * Attention of KV head @h of @layer on the CPU path: select on the
+ * summaries, fetch the selected blocks through @f, refine, attend.  Reads
+ * the sequence and writes only head @h's state (its predictions) and its
+ * output rows, so heads may run on different threads, each with its own
+ * fetch context.
+ */
+static int attend_head(struct mkv_seq *s, uint32_t layer, uint32_t h,
+		       const struct mkv_attn_opts *aop, const float *q, float *out,
+		       struct mkv_fetch *fc, bool host_read, uint64_t *fetch_bytes,
+		       uint64_t *attend_bytes)
+{
+	const struct mkv_attn_opts ao = *aop;
+	const size_t d = s->o.d, gq = (size_t)s->o.q_per_kv * d;
+	int rc;
+	struct lh *l = lh_of(s, layer, h);
+	uint32_t n = l->n, w = n < s->o.window ? n : s->o.window;
+	uint32_t hist = n - w;
+	/* History views: every segment cut at n - window. */
+	size_t ns = l->nsegs + 1;
+	struct mkv_segment *kv = calloc(2 * ns, sizeof(*kv));
+	const struct mkv_segment **kp = calloc(ns, sizeof(*kp));
+	struct hseg **hp = calloc(ns, sizeof(*hp));
+	size_t m = 0, nb = 0;
+	rc = -ENOMEM;
+	if (!kv || !kp || !hp)
+		goto next;
+	for (size_t i = 0; i <= l->nsegs; i++) {
+		const struct mkv_segment *K = i < l->nsegs ? l->segs[i].k : l->ok;
+		const struct mkv_segment *V = i < l->nsegs ? l->segs[i].v : l->ov;
+		uint32_t start = i < l->nsegs ? l->segs[i].start : l->ostart;
+		uint32_t len = K->v.n;
+		if (start >= hist || len == 0)
+			continue;
+		uint32_t use = hist - start < len ? hist - start : len;
+		seg_prefix(&kv[2 * m], K, use);
+		seg_prefix(&kv[2 * m + 1], V, use);
+		kp[m] = &kv[2 * m];
+		hp[m] = i < l->nsegs ? &l->segs[i] : NULL;
+		nb += kv[2 * m].v.n_blocks;
+		m++;
+	}
+	{
+		uint8_t *mask = malloc(nb ? nb : 1);
+		struct attn_src *src = calloc(m ? m : 1, sizeof(*src));
+		uint32_t *blocks = malloc(sizeof(uint32_t) * (nb ? nb : 1));
+		struct blk_addr *ka = malloc(sizeof(*ka) * (nb ? nb : 1));
+		struct blk_addr *va = malloc(sizeof(*va) * (nb ? nb : 1));
+		struct mkv_fetch_req *req = calloc(2 * (m ? m : 1), sizeof(*req));
+		struct mkv_block_addr *fa = malloc(sizeof(*fa) * 2 * (nb ? nb : 1));
+		struct mkv_segment **full = calloc(2 * (m ? m : 1), sizeof(*full));
+		const float *qh = q + h * gq;
+		if (!mask || !src || !blocks || !ka || !va || !req || !fa || !full)
+			goto inner;
+		{
+			/* Refined: the bound names the candidates here,
+			 * attn_refine_sel keeps the budget below. */
+			struct mkv_attn_opts o1 = ao;
+
+			o1.token_frac = attn_stage1_frac(&ao);
+			if ((rc = attn_select(&o1, qh, kp, m, mask)))
+				goto inner;
+		}
+		l->npred = l->npblocks = 0;
+		size_t ci = 0, wpos = 0, nreq = 0, nfetch = 0;
+		for (size_t i = 0; i < m; i++) {
+			const struct mkv_segment *K = &kv[2 * i], *V = &kv[2 * i + 1];
+			src[i] = (struct attn_src){.k = K, .v = V, .blocks = blocks + wpos,
+						   .kaddr = ka + wpos, .vaddr = va + wpos};
+			for (uint32_t j = 0; j < K->v.n_blocks; j++, ci++)
+				if (mask[ci])
+					blocks[wpos + src[i].n_sel++] = j;
+			if (src[i].n_sel && hp[i] && hp[i]->final)
+				pred_record(l, hp[i]->id, src[i].blocks, src[i].n_sel);
+			if (src[i].n_sel && hp[i] && hp[i]->final && !host_read) {
+				struct mkv_seg_key kk = seg_key(s, layer, h, hp[i]->id, MKV_KIND_KEY);
+				struct mkv_seg_key vk = seg_key(s, layer, h, hp[i]->id, MKV_KIND_VALUE);
+				if ((rc = mkv_store_get_segment(s->store, &kk, &full[2 * i])) ||
+				    (rc = mkv_store_get_segment(s->store, &vk, &full[2 * i + 1])))
+					goto inner;
+				for (uint32_t bi = 0; bi < src[i].n_sel; bi++) {
+					ka[wpos + bi] = seg_block_addr(full[2 * i], src[i].blocks[bi]);
+					va[wpos + bi] = seg_block_addr(full[2 * i + 1], src[i].blocks[bi]);
+				}
+			} else if (src[i].n_sel && hp[i] && hp[i]->final) {
+				req[nreq++] = (struct mkv_fetch_req){
+					.key = seg_key(s, layer, h, hp[i]->id, MKV_KIND_KEY),
+					.blocks = src[i].blocks, .n_blocks = src[i].n_sel};
+				req[nreq++] = (struct mkv_fetch_req){
+					.key = seg_key(s, layer, h, hp[i]->id, MKV_KIND_VALUE),
+					.blocks = src[i].blocks, .n_blocks = src[i].n_sel};
+				nfetch += 2 * src[i].n_sel;
+			} else {
+				for (uint32_t bi = 0; bi < src[i].n_sel; bi++) {
+					ka[wpos + bi] = seg_block_addr(K, src[i].blocks[bi]);
+					va[wpos + bi] = seg_block_addr(V, src[i].blocks[bi]);
+				}
+			}
+			wpos += src[i].n_sel;
+		}
+		if (nreq) {
+			int64_t f = mkv_store_fetch(fc, req, nreq, s->step, fa);
+			if (f < 0) {
+				rc = (int)f;
+				goto inner;
+			}
+			/* Map the fetched addresses back, request order. */
+			size_t fi = 0;
+			for (size_t i = 0; i < m; i++) {
+				if (!(src[i].n_sel && hp[i] && hp[i]->final && host_read))
+					continue;
+				struct blk_addr *kd = (struct blk_addr *)src[i].kaddr;
+				struct blk_addr *vd = (struct blk_addr *)src[i].vaddr;
+				for (uint32_t bi = 0; bi < src[i].n_sel; bi++, fi++) {
+					kd[bi] = (struct blk_addr){fa[fi].values, fa[fi].bitmaps};
+					if (fa[fi].tier != MKV_TIER_HBM)
+						*fetch_bytes += fa[fi].values_bytes + fa[fi].bitmaps_bytes;
+				}
+				for (uint32_t bi = 0; bi < src[i].n_sel; bi++, fi++) {
+					vd[bi] = (struct blk_addr){fa[fi].values, fa[fi].bitmaps};
+					if (fa[fi].tier != MKV_TIER_HBM)
+						*fetch_bytes += fa[fi].values_bytes + fa[fi].bitmaps_bytes;
+				}
+			}
+			(void)nfetch;
+		}
+		/* The dense window from the raw copies. */
+		struct mkv_dense_kv win = {
+			.k = l->rawk + (size_t)(hist - l->raw_start) * d,
+			.v = l->rawv + (size_t)(hist - l->raw_start) * d,
+			.dtype = MKV_DTYPE_F32, .n = w};
+		struct mkv_attn_stats ast = {0};
+		float *ksc = NULL;
+		rc = attn_refine_sel(&ao, qh, src, m, &ksc);
+		if (!rc) {
+			rc = attend_blocks(&ao, qh, src, m, w ? &win : NULL,
+					   out + h * gq, &ast);
+			*attend_bytes += ast.bytes_read;
+		}
+		free(ksc);
+		if (nreq)
+			mkv_fetch_release(fc);
+inner:
+		for (size_t i = 0; full && i < 2 * m; i++)
+			mkv_segment_destroy(full[i]);
+		free(full);
+		free(mask);
+		free(src);
+		free(blocks);
+		free(ka);
+		free(va);
+		free(req);
+		free(fa);
+	}
+next:
+	free(kv);
+	free(kp);
+	free(hp);
+	return rc;
+}
+
+/*
+ * The attend pool: with attend_threads > 1, that many threads less one
+ * (the caller is the last) take the CPU path's KV heads from a shared
+ * counter, each with its own fetch context (a context serves one thread
+ * at a time, and its pins last until its next fetch).  A head's work reads
+ * the sequence and writes only that head's state and output rows
+ * (attend_head), so the heads need no other coordination.  The caller
+ * waits for all before it returns, so nothing of a call outlives it.
+ */
+struct attend_pool {
+	pthread_t *th;
+	struct mkv_fetch **f;   /* per helper */
+	unsigned n;             /* helpers started */
+	pthread_mutex_t mu;
+	pthread_cond_t go, done;
+	uint64_t gen;           /* bumped per call */
+	int stop;
+	/* the call in progress (under mu, read by helpers after go) */
+	struct mkv_seq *s;
+	uint32_t layer;
+	const struct mkv_attn_opts *ao;
+	const float *q;
+	float *out;
+	bool host_read;
+	uint32_t next;          /* next head to take */
+	unsigned busy;          /* helpers still in this call */
+	int rc;                 /* first failure */
+	uint64_t fetch_bytes, attend_bytes;
+};
+
+/* Take heads until none is left or one failed; adds to the pool's sums. */
+static void pool_run(struct attend_pool *p, struct mkv_fetch *f)
+{
+	uint64_t fb = 0, ab = 0;
+	int rc = 0;
+
+	for (;;) {
+		pthread_mutex_lock(&p->mu);
+		uint32_t h = p->rc ? UINT32_MAX : p->next++;
+		pthread_mutex_unlock(&p->mu);
+		if (h >= p->s->o.kv_heads)
+			break;
+		rc = attend_head(p->s, p->layer, h, p->ao, p->q, p->out, f, p->host_read,
+				 &fb, &ab);
+		if (rc) {
+			pthread_mutex_lock(&p->mu);
+			if (!p->rc)
+				p->rc = rc;
+			pthread_mutex_unlock(&p->mu);
+			break;
+		}
+	}
+	pthread_mutex_lock(&p->mu);
+	p->fetch_bytes += fb;
+	p->attend_bytes += ab;
+	pthread_mutex_unlock(&p->mu);
+}
+
+struct pool_arg {
+	struct attend_pool *p;
+	unsigned i;
+};
+
+static void *pool_main(void *arg)
+{
+	struct attend_pool *p = ((struct pool_arg *)arg)->p;
+	unsigned i = ((struct pool_arg *)arg)->i;
+	uint64_t seen = 0;
+
+	free(arg);
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		while (!p->stop && p->gen == seen)
+			pthread_cond_wait(&p->go, &p->mu);
+		if (p->stop)
+			break;
+		seen = p->gen;
+		pthread_mutex_unlock(&p->mu);
+		pool_run(p, p->f[i]);
+		pthread_mutex_lock(&p->mu);
+		if (--p->busy == 0)
+			pthread_cond_broadcast(&p->done);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+static void pool_destroy(struct attend_pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->stop = 1;
+	pthread_cond_broadcast(&p->go);
+	pthread_mutex_unlock(&p->mu);
+	for (unsigned i = 0; i < p->n; i++)
+		pthread_join(p->th[i], NULL);
+	for (unsigned i = 0; p->f && i < p->n + 1; i++)
+		mkv_fetch_destroy(p->f[i]);
+	pthread_mutex_destroy(&p->mu);
+	pthread_cond_destroy(&p->go);
+	pthread_cond_destroy(&p->done);
+	free(p->th);
+	free(p->f);
+	free(p);
+}
+
+/* @nt - 1 helpers, each with a fetch context of @staging bytes.  Returns
+ * 0 or -errno (nothing left running). */
+static int pool_create(struct mkv_store *store, unsigned nt, size_t staging,
+		       struct attend_pool **out)
+{
+	struct attend_pool *p = calloc(1, sizeof(*p));
+	int rc = -ENOMEM;
+
+	if (!p)
+		return rc;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->go, NULL);
+	pthread_cond_init(&p->done, NULL);
+	p->th = calloc(nt, sizeof(*p->th));
+	p->f = calloc(nt, sizeof(*p->f));
+	if (!p->th || !p->f)
+		goto fail;
+	for (unsigned i = 0; i + 1 < nt; i++) {
+		rc = mkv_fetch_create(store, staging, &p->f[i]);
+		if (rc)
+			goto fail;
+		struct pool_arg *a = malloc(sizeof(*a));
+		rc = -ENOMEM;
+		if (!a)
+			goto fail;
+		*a = (struct pool_arg){p, i};
+		if (pthread_create(&p->th[i], NULL, pool_main, a)) {
+			free(a);
+			rc = -EAGAIN;
+			goto fail;
+		}
+		p->n++;
+	}
+	*out = p;
+	return 0;
+fail:
+	/* started helpers have their contexts at [0, n); a context made for
+	 * a helper that did not start sits at [n] */
+	pool_destroy(p);
+	return rc;
+}
+
+/* Every KV head of @layer on the CPU path: on the caller alone, or shared
+ * with the pool's helpers. */
+static int attend_heads(struct mkv_seq *s, uint32_t layer, const struct mkv_attn_opts *ao,
+			const float *q, float *out, bool host_read, uint64_t *fetch_bytes,
+			uint64_t *attend_bytes)
+{
+	struct attend_pool *p = s->pool;
+	int rc = 0;
+
+	if (!p || s->o.kv_heads < 2) {
+		for (uint32_t h = 0; h < s->o.kv_heads && rc == 0; h++)
+			rc = attend_head(s, layer, h, ao, q, out, s->fetch, host_read,
+					 fetch_bytes, attend_bytes);
+		return rc;
+	}
+	pthread_mutex_lock(&p->mu);
+	p->s = s;
+	p->layer = layer;
+	p->ao = ao;
+	p->q = q;
+	p->out = out;
+	p->host_read = host_read;
+	p->next = 0;
+	p->rc = 0;
+	p->fetch_bytes = p->attend_bytes = 0;
+	p->busy = p->n;
+	p->gen++;
+	pthread_cond_broadcast(&p->go);
+	pthread_mutex_unlock(&p->mu);
+	pool_run(p, s->fetch);
+	pthread_mutex_lock(&p->mu);
+	while (p->busy)
+		pthread_cond_wait(&p->done, &p->mu);
+	rc = p->rc;
+	*fetch_bytes += p->fetch_bytes;
+	*attend_bytes += p->attend_bytes;
+	pthread_mutex_unlock(&p->mu);
+	return rc;
+}
+
 int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 		   float *out, void *stream)
 {
@@ -1219,158 +1585,13 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 	s->step++;
 	if (stream && s->gpu && attn_refine(&ao) <= 1.0)
 		return seqgpu_attend_host(s, layer, q, out, stream);
-	size_t d = s->o.d, gq = (size_t)s->o.q_per_kv * d;
 	uint64_t fetch_bytes = 0, attend_bytes = 0;
 	/* With the store's HBM on a device, fetched blocks come back as device
 	 * addresses, which this CPU path cannot read: it then reads the
 	 * stored segments it selected from back whole (mkv_store_get_segment
 	 * copies them to the host). */
 	const bool host_read = store_device(s->store) < 0;
-	for (uint32_t h = 0; h < s->o.kv_heads && rc == 0; h++) {
-		struct lh *l = lh_of(s, layer, h);
-		uint32_t n = l->n, w = n < s->o.window ? n : s->o.window;
-		uint32_t hist = n - w;
-		/* History views: every segment cut at n - window. */
-		size_t ns = l->nsegs + 1;
-		struct mkv_segment *kv = calloc(2 * ns, sizeof(*kv));
-		const struct mkv_segment **kp = calloc(ns, sizeof(*kp));
-		struct hseg **hp = calloc(ns, sizeof(*hp));
-		size_t m = 0, nb = 0;
-		rc = -ENOMEM;
-		if (!kv || !kp || !hp)
-			goto next;
-		for (size_t i = 0; i <= l->nsegs; i++) {
-			const struct mkv_segment *K = i < l->nsegs ? l->segs[i].k : l->ok;
-			const struct mkv_segment *V = i < l->nsegs ? l->segs[i].v : l->ov;
-			uint32_t start = i < l->nsegs ? l->segs[i].start : l->ostart;
-			uint32_t len = K->v.n;
-			if (start >= hist || len == 0)
-				continue;
-			uint32_t use = hist - start < len ? hist - start : len;
-			seg_prefix(&kv[2 * m], K, use);
-			seg_prefix(&kv[2 * m + 1], V, use);
-			kp[m] = &kv[2 * m];
-			hp[m] = i < l->nsegs ? &l->segs[i] : NULL;
-			nb += kv[2 * m].v.n_blocks;
-			m++;
-		}
-		{
-			uint8_t *mask = malloc(nb ? nb : 1);
-			struct attn_src *src = calloc(m ? m : 1, sizeof(*src));
-			uint32_t *blocks = malloc(sizeof(uint32_t) * (nb ? nb : 1));
-			struct blk_addr *ka = malloc(sizeof(*ka) * (nb ? nb : 1));
-			struct blk_addr *va = malloc(sizeof(*va) * (nb ? nb : 1));
-			struct mkv_fetch_req *req = calloc(2 * (m ? m : 1), sizeof(*req));
-			struct mkv_block_addr *fa = malloc(sizeof(*fa) * 2 * (nb ? nb : 1));
-			struct mkv_segment **full = calloc(2 * (m ? m : 1), sizeof(*full));
-			const float *qh = q + h * gq;
-			if (!mask || !src || !blocks || !ka || !va || !req || !fa || !full)
-				goto inner;
-			{
-				/* Refined: the bound names the candidates here,
-				 * attn_refine_sel keeps the budget below. */
-				struct mkv_attn_opts o1 = ao;
-
-				o1.token_frac = attn_stage1_frac(&ao);
-				if ((rc = attn_select(&o1, qh, kp, m, mask)))
-					goto inner;
-			}
-			l->npred = l->npblocks = 0;
-			size_t ci = 0, wpos = 0, nreq = 0, nfetch = 0;
-			for (size_t i = 0; i < m; i++) {
-				const struct mkv_segment *K = &kv[2 * i], *V = &kv[2 * i + 1];
-				src[i] = (struct attn_src){.k = K, .v = V, .blocks = blocks + wpos,
-							   .kaddr = ka + wpos, .vaddr = va + wpos};
-				for (uint32_t j = 0; j < K->v.n_blocks; j++, ci++)
-					if (mask[ci])
-						blocks[wpos + src[i].n_sel++] = j;
-				if (src[i].n_sel && hp[i] && hp[i]->final)
-					pred_record(l, hp[i]->id, src[i].blocks, src[i].n_sel);
-				if (src[i].n_sel && hp[i] && hp[i]->final && !host_read) {
-					struct mkv_seg_key kk = seg_key(s, layer, h, hp[i]->id, MKV_KIND_KEY);
-					struct mkv_seg_key vk = seg_key(s, layer, h, hp[i]->id, MKV_KIND_VALUE);
-					if ((rc = mkv_store_get_segment(s->store, &kk, &full[2 * i])) ||
-					    (rc = mkv_store_get_segment(s->store, &vk, &full[2 * i + 1])))
-						goto inner;
-					for (uint32_t bi = 0; bi < src[i].n_sel; bi++) {
-						ka[wpos + bi] = seg_block_addr(full[2 * i], src[i].blocks[bi]);
-						va[wpos + bi] = seg_block_addr(full[2 * i + 1], src[i].blocks[bi]);
-					}
-				} else if (src[i].n_sel && hp[i] && hp[i]->final) {
-					req[nreq++] = (struct mkv_fetch_req){
-						.key = seg_key(s, layer, h, hp[i]->id, MKV_KIND_KEY),
-						.blocks = src[i].blocks, .n_blocks = src[i].n_sel};
-					req[nreq++] = (struct mkv_fetch_req){
-						.key = seg_key(s, layer, h, hp[i]->id, MKV_KIND_VALUE),
-						.blocks = src[i].blocks, .n_blocks = src[i].n_sel};
-					nfetch += 2 * src[i].n_sel;
-				} else {
-					for (uint32_t bi = 0; bi < src[i].n_sel; bi++) {
-						ka[wpos + bi] = seg_block_addr(K, src[i].blocks[bi]);
-						va[wpos + bi] = seg_block_addr(V, src[i].blocks[bi]);
-					}
-				}
-				wpos += src[i].n_sel;
-			}
-			if (nreq) {
-				int64_t f = mkv_store_fetch(s->fetch, req, nreq, s->step, fa);
-				if (f < 0) {
-					rc = (int)f;
-					goto inner;
-				}
-				/* Map the fetched addresses back, request order. */
-				size_t fi = 0;
-				for (size_t i = 0; i < m; i++) {
-					if (!(src[i].n_sel && hp[i] && hp[i]->final && host_read))
-						continue;
-					struct blk_addr *kd = (struct blk_addr *)src[i].kaddr;
-					struct blk_addr *vd = (struct blk_addr *)src[i].vaddr;
-					for (uint32_t bi = 0; bi < src[i].n_sel; bi++, fi++) {
-						kd[bi] = (struct blk_addr){fa[fi].values, fa[fi].bitmaps};
-						if (fa[fi].tier != MKV_TIER_HBM)
-							fetch_bytes += fa[fi].values_bytes + fa[fi].bitmaps_bytes;
-					}
-					for (uint32_t bi = 0; bi < src[i].n_sel; bi++, fi++) {
-						vd[bi] = (struct blk_addr){fa[fi].values, fa[fi].bitmaps};
-						if (fa[fi].tier != MKV_TIER_HBM)
-							fetch_bytes += fa[fi].values_bytes + fa[fi].bitmaps_bytes;
-					}
-				}
-				(void)nfetch;
-			}
-			/* The dense window from the raw copies. */
-			struct mkv_dense_kv win = {
-				.k = l->rawk + (size_t)(hist - l->raw_start) * d,
-				.v = l->rawv + (size_t)(hist - l->raw_start) * d,
-				.dtype = MKV_DTYPE_F32, .n = w};
-			struct mkv_attn_stats ast = {0};
-			float *ksc = NULL;
-			rc = attn_refine_sel(&ao, qh, src, m, &ksc);
-			if (!rc) {
-				rc = attend_blocks(&ao, qh, src, m, w ? &win : NULL,
-						   out + h * gq, &ast);
-				attend_bytes += ast.bytes_read;
-			}
-			free(ksc);
-			if (nreq)
-				mkv_fetch_release(s->fetch);
-inner:
-			for (size_t i = 0; full && i < 2 * m; i++)
-				mkv_segment_destroy(full[i]);
-			free(full);
-			free(mask);
-			free(src);
-			free(blocks);
-			free(ka);
-			free(va);
-			free(req);
-			free(fa);
-		}
-next:
-		free(kv);
-		free(kp);
-		free(hp);
-	}
+	rc = attend_heads(s, layer, &ao, q, out, host_read, &fetch_bytes, &attend_bytes);
 	s->st.fetch_bytes_last = fetch_bytes;
 	s->st.fetch_bytes_total += fetch_bytes;
 	s->st.attend_bytes_last = attend_bytes;
@@ -1610,6 +1831,7 @@ int mkv_seq_close(struct mkv_seq *s)
 		}
 	/* Waits for the last device attend before freeing its copies. */
 	seqgpu_destroy(s->gpu);
+	pool_destroy(s->pool);
 	mkv_fetch_destroy(s->fetch);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);

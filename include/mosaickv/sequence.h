@@ -58,7 +58,9 @@
  *
  * Thread safety: one thread at a time per sequence (the one driving its
  * decode); different sequences may be driven from different threads at
- * once, on one store.  Shapes: K, V and queries are row-major with the KV
+ * once, on one store.  With opts.attend_threads > 1 a CPU-path attend
+ * also runs on the sequence's own helper threads (its KV heads shared
+ * out), all of them done before it returns.  Shapes: K, V and queries are row-major with the KV
  * head (or query head) outermost: prefill K is [kv_heads][n][d], an
  * appended token is [kv_heads][d], queries and outputs are
  * [kv_heads * q_per_kv][d] floats, query head h belonging to KV head
@@ -133,6 +135,15 @@ struct mkv_seq_opts {
 	                          * only: a sequence with refine > 1 attends on
 	                          * the CPU even with device copies, and
 	                          * mkv_seq_attend_dev refuses it (-EINVAL) */
+	/* Version 4 (earlier versions get 1). */
+	uint32_t attend_threads; /* threads attending the KV heads of a CPU-
+	                          * path attend: the caller and up to this
+	                          * many less one that the sequence starts at
+	                          * open (no more than kv_heads in all), each
+	                          * with its own fetch context of
+	                          * staging_bytes.  Results do not depend on
+	                          * it.  0 or 1 (default): the caller alone.
+	                          * At most 64 */
 };
 
 MKV_API int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size);

@@ -39,7 +39,8 @@ class SeqOpts(C.Structure):
                 ("store_dtype", C.c_int), ("lag_cap", C.c_size_t),
                 ("staging_bytes", C.c_size_t), ("device_attend", C.c_uint32),
                 ("value_bits", C.c_uint32), ("adaptive", C.c_uint32),
-                ("summary_channels", C.c_uint32), ("refine", C.c_double)]
+                ("summary_channels", C.c_uint32), ("refine", C.c_double),
+                ("attend_threads", C.c_uint32)]
 
 
 class SeqStats(C.Structure):
@@ -142,13 +143,16 @@ class Sequence:
     Options mirror struct mkv_seq_opts.  refine > 1 turns on two-stage
     block selection: the bound names refine × token_frac of the history,
     those blocks' packed keys score them, the top token_frac is attended
-    (more keys read per step; CPU path only)."""
+    (more keys read per step; CPU path only).  attend_threads > 1 attends
+    the KV heads of a CPU-path step on that many threads (the caller and
+    helpers the sequence starts, each with its own fetch staging of
+    staging_bytes); the results are the same."""
 
     def __init__(self, store, seq_id, *, layers, kv_heads, q_per_kv, d,
                  r=0, g=1, b=16, drop=False, token_frac=0.1, window=64,
                  prefill_segment=4096, min_segment=256, max_segment=65536,
                  loss_threshold=0.3, store_dtype="bf16", value_bits=6,
-                 adaptive=False, summary_channels=0, refine=0.0):
+                 adaptive=False, summary_channels=0, refine=0.0, attend_threads=1):
         o = SeqOpts()
         _check(_L.mkv_seq_opts_init(C.byref(o), C.sizeof(o)),
                "sequence options (binding out of date?)")
@@ -160,6 +164,7 @@ class Sequence:
         o.value_bits, o.adaptive = value_bits, int(adaptive)
         o.summary_channels = summary_channels
         o.refine = refine
+        o.attend_threads = attend_threads
         self.refine = refine
         o.store_dtype = _lib.MKV_DTYPE_F32 if store_dtype == "f32" else _lib.MKV_DTYPE_BF16
         self.store = store  # keeps the store alive

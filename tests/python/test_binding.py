@@ -125,6 +125,14 @@ def main():
         ref = softmax_attention(q[h * G:(h + 1) * G], k[h, toks], v[h, toks])
         worst = max(worst, np.linalg.norm(out[h * G:(h + 1) * G] - ref) / np.linalg.norm(ref))
     check(worst < 1e-5, f"refine: the top-mass blocks attended (worst {worst:.3g})")
+    # the same on two threads (attend_threads): the very same floats
+    seq2 = Sequence(st, 81, layers=1, kv_heads=H, q_per_kv=G, d=d, r=d, token_frac=frac,
+                    refine=1 / frac, store_dtype="f32", value_bits=0, prefill_segment=128,
+                    min_segment=16, window=w, attend_threads=2)
+    seq2.prefill(0, k, v)
+    seq2.sync()
+    check(np.array_equal(seq2.attend(0, q), out), "attend_threads=2: the same output")
+    seq2.close()
     seq.close()
     try:
         Sequence(st, 80, layers=1, kv_heads=H, q_per_kv=G, d=d, refine=0.5)

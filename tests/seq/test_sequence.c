@@ -410,6 +410,78 @@ static void attend_out(struct mkv_seq *s, uint32_t layer, const float *q, float 
 	cr_assert_eq(rc, 0, "attend: %s", mkv_strerror(rc));
 }
 
+/* attend_threads: the KV heads attended on several threads, each with its
+ * own fetch context, give the outputs and fetch counts of the caller
+ * alone, bit for bit: through decode appends, swaps, an offloaded layer
+ * (blocks fetched from below) and two-stage selection. */
+Test(sequence, attend_threads_change_nothing_but_time, .timeout = 120)
+{
+	const uint32_t L = 2, H = 4, G = 2, d = 64, n0 = 1024, steps = 24;
+	uint64_t rng = fresh_seed();
+	struct mkv_store *st = host_store((size_t)64 << 20);
+	struct mkv_seq *s[2];
+	for (int i = 0; i < 2; i++) {
+		struct mkv_seq_opts o;
+		mkv_seq_opts_init(&o, sizeof o); /* the serving defaults */
+		cr_assert_eq(o.attend_threads, 1);
+		o.layers = L, o.kv_heads = H, o.q_per_kv = G, o.d = d;
+		o.prefill_segment = 256;
+		o.max_segment = 64; /* decode segments close and swap */
+		o.min_segment = 16;
+		o.refine = 2.0;
+		o.attend_threads = i ? 3 : 1;
+		cr_assert_eq(mkv_seq_open(st, &o, 41 + (uint64_t)i, &s[i]), 0);
+	}
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0 + steps);
+	fill_random(&t, 0, n0 + steps, &rng);
+	for (int i = 0; i < 2; i++) {
+		prefill_all(s[i], &t, n0);
+		cr_assert_eq(mkv_seq_sync(s[i]), 0);
+	}
+	float q[4 * 2 * 64], o0[4 * 2 * 64], o1[4 * 2 * 64], kt[4 * 64], vt[4 * 64];
+	for (uint32_t step = 0; step < steps; step++) {
+		if (step == steps / 2)
+			for (int i = 0; i < 2; i++) {
+				cr_assert(mkv_seq_offload(s[i], 0) > 0);
+				cr_assert_eq(mkv_seq_sync(s[i]), 0);
+			}
+		for (uint32_t l = 0; l < L; l++) {
+			for (uint32_t h = 0; h < H; h++) {
+				memcpy(kt + h * d, tk(&t, l, h, n0 + step), sizeof(float) * d);
+				memcpy(vt + h * d, tv(&t, l, h, n0 + step), sizeof(float) * d);
+			}
+			for (int i = 0; i < 2; i++)
+				cr_assert_eq(mkv_seq_append(&s[i], 1, l, kt, vt, MKV_DTYPE_F32), 0);
+			for (size_t c = 0; c < sizeof q / sizeof *q; c++)
+				q[c] = 0.3f * rng_normal(&rng);
+			attend_out(s[0], l, q, o0);
+			attend_out(s[1], l, q, o1);
+			cr_assert(memcmp(o0, o1, sizeof o0) == 0,
+				  "step %u layer %u: threads change the output", step, l);
+			struct mkv_seq_stats a = {.size = sizeof a}, b = {.size = sizeof b};
+			cr_assert_eq(mkv_seq_get_stats(s[0], &a), 0);
+			cr_assert_eq(mkv_seq_get_stats(s[1], &b), 0);
+			cr_assert_eq(a.fetch_bytes_last, b.fetch_bytes_last);
+			cr_assert_eq(a.attend_bytes_last, b.attend_bytes_last);
+			if (step > steps / 2 && l == 0)
+				cr_assert_gt(b.fetch_bytes_last, 0, "offloaded: fetched from below");
+		}
+	}
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(mkv_seq_close(s[i]), 0);
+	/* bounds */
+	struct mkv_seq_opts o;
+	mkv_seq_opts_init(&o, sizeof o);
+	o.attend_threads = 65;
+	struct mkv_seq *bad = NULL;
+	cr_assert_eq(mkv_seq_open(st, &o, 49, &bad), -EINVAL);
+	cr_assert_null(bad);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
+
 Test(sequence, offload_and_prefetch_map_onto_the_tiers, .timeout = 120)
 {
 	const uint32_t L = 2, H = 2, G = 2, d = 64, n0 = 1024;
