@@ -1394,12 +1394,14 @@ struct attend_pool {
 	uint64_t gen;           /* bumped per call */
 	int stop;
 	/* the call in progress (under mu, read by helpers after go) */
-	struct mkv_seq *s;
-	uint32_t layer;
-	const struct mkv_attn_opts *ao;
-	const float *q;
-	float *out;
-	bool host_read;
+	struct attend_job {
+		struct mkv_seq *s;
+		uint32_t layer;
+		const struct mkv_attn_opts *ao;
+		const float *q;
+		float *out;
+		bool host_read;
+	} job;
 	uint32_t next;          /* next head to take */
 	unsigned busy;          /* helpers still in this call */
 	int rc;                 /* first failure */
@@ -1416,10 +1418,10 @@ static void pool_run(struct attend_pool *p, struct mkv_fetch *f)
 		pthread_mutex_lock(&p->mu);
 		uint32_t h = p->rc ? UINT32_MAX : p->next++;
 		pthread_mutex_unlock(&p->mu);
-		if (h >= p->s->o.kv_heads)
+		const struct attend_job *j = &p->job;
+		if (h >= j->s->o.kv_heads)
 			break;
-		rc = attend_head(p->s, p->layer, h, p->ao, p->q, p->out, f, p->host_read,
-				 &fb, &ab);
+		rc = attend_head(j->s, j->layer, h, j->ao, j->q, j->out, f, j->host_read, &fb, &ab);
 		if (rc) {
 			pthread_mutex_lock(&p->mu);
 			if (!p->rc)
@@ -1541,12 +1543,7 @@ static int attend_heads(struct mkv_seq *s, uint32_t layer, const struct mkv_attn
 		return rc;
 	}
 	pthread_mutex_lock(&p->mu);
-	p->s = s;
-	p->layer = layer;
-	p->ao = ao;
-	p->q = q;
-	p->out = out;
-	p->host_read = host_read;
+	p->job = (struct attend_job){s, layer, ao, q, out, host_read};
 	p->next = 0;
 	p->rc = 0;
 	p->fetch_bytes = p->attend_bytes = 0;
