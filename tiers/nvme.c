@@ -833,6 +833,12 @@ static int64_t nvme_decode(const struct nvme_obj *o, const void *buf,
 	return r;
 }
 
+/* Frames adjacent on disk are read by one op up to this size: the virtual
+ * disks we run on serve a few large reads faster than many 380 KB ones
+ * (bench/tiers: plain 4 MiB O_DIRECT reads beat one read per frame at
+ * queue depth 128 by 15-20 % on the H200 machine). */
+#define NVME_READ_MERGE ((size_t)4 << 20)
+
 struct nvme_getjob {
 	struct nvme_obj *const *o;
 	void *const *dst;
@@ -841,71 +847,116 @@ struct nvme_getjob {
 	char *bounce;
 	const size_t *boff;
 	const struct uring_op *ops;
-	const unsigned *op_item;
+	const unsigned *order;   /* items by place on disk */
+	const unsigned *op_first; /* op k reads order[op_first[k]..op_first[k+1]) */
 };
 
-/* A frame has landed: verify and unpack it while the others fly. */
+/* An op has landed: verify and unpack its frames while the others fly.  A
+ * frame the op did not read in full fails; the others still decode. */
 static void nvme_get_done(void *arg, unsigned k)
 {
 	struct nvme_getjob *j = arg;
-	unsigned i = j->op_item[k];
+	int64_t got = j->ops[k].res;
+	size_t at = 0;
 
-	if (j->ops[k].res != (int64_t)j->ops[k].len)
-		j->res[i] = j->ops[k].res < 0 ? j->ops[k].res : -EIO;
-	else
-		j->res[i] = nvme_decode(j->o[i], j->bounce + j->boff[i],
-					j->dst[i], j->cap[i]);
+	for (unsigned q = j->op_first[k]; q < j->op_first[k + 1]; q++) {
+		unsigned i = j->order[q];
+		size_t fl = j->o[i]->frame_len;
+
+		if (got < 0)
+			j->res[i] = got;
+		else if ((uint64_t)got < at + fl)
+			j->res[i] = -EIO;
+		else
+			j->res[i] = nvme_decode(j->o[i], j->bounce + j->boff[i],
+						j->dst[i], j->cap[i]);
+		at += fl;
+	}
 }
 
-/* Batched get: every frame read in one ring run, each verified as soon as
- * it is in. */
+struct nvme_place {
+	const struct nvme_obj *o;
+	unsigned i;
+};
+
+static int place_cmp(const void *a, const void *b)
+{
+	const struct nvme_place *x = a, *y = b;
+
+	if (x->o->slab->id != y->o->slab->id)
+		return x->o->slab->id < y->o->slab->id ? -1 : 1;
+	if (x->o->off != y->o->off)
+		return x->o->off < y->o->off ? -1 : 1;
+	return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Batched get: the frames sorted by place, runs of adjacent ones read by
+ * one op each, all in one ring run; each frame verified as soon as its op
+ * is in. */
 static int nvme_getv(struct tier *t, struct tier_io *io, struct tier_obj **ob,
 		     void **dst, const size_t *cap, unsigned n, int64_t *res)
 {
 	struct nvme_tier *nv = nvme_of(t);
 	size_t cnt = n ? n : 1, total = 0;
 	struct nvme_obj **o = calloc(cnt, sizeof *o);
+	struct nvme_place *by = calloc(cnt, sizeof *by);
 	struct uring_op *ops = calloc(cnt, sizeof *ops);
-	unsigned *op_item = calloc(cnt, sizeof *op_item);
+	unsigned *order = calloc(cnt, sizeof *order);
+	unsigned *op_first = calloc(cnt + 1, sizeof *op_first);
 	size_t *boff = calloc(cnt, sizeof *boff);
-	unsigned nops = 0;
+	unsigned nops = 0, nq = 0;
 	struct nvme_ctx c;
 	int first = 0, rc;
 
-	if (!o || !ops || !op_item || !boff) {
+	if (!o || !by || !ops || !order || !op_first || !boff) {
 		rc = -ENOMEM;
 		goto fail_all;
 	}
 	for (unsigned i = 0; i < n; i++) {
 		o[i] = container_of(ob[i], struct nvme_obj, base);
-		boff[i] = total;
+		res[i] = 0;
+		if (cap[i] < o[i]->base.meta.len)
+			res[i] = -ENOSPC;
+		else
+			by[nq++] = (struct nvme_place){ o[i], i };
 		total += o[i]->frame_len;
 	}
+	qsort(by, nq, sizeof *by, place_cmp);
+	for (unsigned q = 0; q < nq; q++)
+		order[q] = by[q].i;
 	rc = nvme_begin(&c, nv, io, total);
 	if (rc)
 		goto fail_all;
-	for (unsigned i = 0; i < n; i++) {
-		res[i] = 0;
-		if (cap[i] < o[i]->base.meta.len) {
-			res[i] = -ENOSPC;
+	total = 0;
+	for (unsigned q = 0; q < nq; q++) {
+		unsigned i = order[q];
+		struct uring_op *cur = nops ? &ops[nops - 1] : NULL;
+
+		boff[i] = total;
+		total += o[i]->frame_len;
+		if (cur && cur->fd == o[i]->slab->fd &&
+		    cur->off + cur->len == o[i]->off &&
+		    cur->len + o[i]->frame_len <= NVME_READ_MERGE) {
+			cur->len += o[i]->frame_len;
 			continue;
 		}
-		ops[nops] = (struct uring_op){ .fd = o[i]->slab->fd,
+		op_first[nops] = q;
+		ops[nops++] = (struct uring_op){ .fd = o[i]->slab->fd,
 			.opcode = URING_OP_READ, .buf = c.bounce + boff[i],
 			.len = o[i]->frame_len, .off = o[i]->off };
-		op_item[nops++] = i;
 	}
+	op_first[nops] = nq;
 	{
 		struct nvme_getjob j = { .o = o, .dst = dst, .cap = cap,
 			.res = res, .bounce = c.bounce, .boff = boff,
-			.ops = ops, .op_item = op_item };
+			.ops = ops, .order = order, .op_first = op_first };
 		struct uring_hooks h = { .done = nvme_get_done, .arg = &j };
 		unsigned ran = 0;
 
 		rc = uring_engine_run_hooks(c.ring, ops, nops, &h, &ran);
 		if (ran == 0 && nops) /* refused whole: no done() ran */
-			for (unsigned k = 0; k < nops; k++)
-				res[op_item[k]] = rc;
+			for (unsigned q = 0; q < nq; q++)
+				res[order[q]] = rc;
 	}
 	nvme_end(&c);
 	for (unsigned i = 0; i < n; i++)
@@ -918,8 +969,10 @@ fail_all:
 	first = n ? rc : 0;
 out:
 	free(o);
+	free(by);
 	free(ops);
-	free(op_item);
+	free(order);
+	free(op_first);
 	free(boff);
 	return first;
 }

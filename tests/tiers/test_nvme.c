@@ -329,6 +329,122 @@ Test(nvme, putv_getv_batched)
 	tu_rmtree(dir);
 }
 
+/*
+ * A batched get reads frames that lie next to each other on disk with one
+ * op (up to 4 MiB), in any order asked: the op count is what the frames'
+ * places say, each frame lands in its own buffer, a corrupt frame inside a
+ * merged run fails alone, and an item refused for its capacity splits the
+ * run without touching its buffer.
+ */
+Test(nvme, getv_merges_adjacent_frames)
+{
+	char dir[256];
+	enum { N = 24 };
+	char *p[N], *back[N];
+	const void *src[N];
+	size_t len[N], cap[N];
+	struct tier_meta m[N];
+	struct tier_obj *o[N], *ask[N];
+	void *dst[N];
+	int rcs[N], perm[N];
+	int64_t res[N];
+	struct disk_frame f[N + 1];
+	struct uring_engine *e;
+	struct uring_engine_stats st0, st1;
+
+	tu_mkdtemp(dir, sizeof dir);
+	struct tier *t = nvme(dir, (size_t)64 << 20, 0);
+	cr_assert_eq(uring_engine_create(64, 8 << 20, &e), 0);
+	struct tier_io io = { .ring = e };
+	for (int i = 0; i < N; i++) {
+		len[i] = 5000 + (size_t)i * 7919 % 60000;
+		p[i] = malloc(len[i]);
+		back[i] = malloc(len[i]);
+		tu_fill(p[i], len[i], 77 + (uint64_t)i);
+		memset(back[i], 0xA5, len[i]);
+		m[i] = tu_meta(3, (uint32_t)i, p[i], len[i]);
+		src[i] = p[i];
+	}
+	cr_assert_eq(tier_putv(t, &io, m, src, N, o, rcs), 0);
+	int nf = disk_frames(dir, 0, f, N + 1);
+	cr_assert_eq(nf, N);
+
+	/* Ask in a scrambled order; frame 9 (by key) is corrupted on disk
+	 * and frame 15 gets too small a buffer. */
+	for (int i = 0; i < N; i++)
+		perm[i] = (i * 5 + 3) % N; /* 5 is prime to 24 */
+	for (int k = 0; k < N; k++) {
+		int i = perm[k];
+		ask[k] = o[i];
+		dst[k] = back[i];
+		cap[k] = i == 15 ? len[i] - 1 : len[i];
+	}
+	int corrupt_at = -1;
+	for (int q = 0; q < nf; q++)
+		if (f[q].m.key.seg == 9)
+			corrupt_at = q;
+	cr_assert_geq(corrupt_at, 0);
+	poke(dir, 0, (off_t)(f[corrupt_at].off + 4096 + 100), 0);
+
+	/* The reference op count, from the places the test read itself:
+	 * frames in disk order, skipping 15, a new op wherever the next
+	 * frame does not start where the run ends or the run would pass
+	 * 4 MiB. */
+	unsigned want_ops = 0;
+	uint64_t run_end = 0, run_len = 0;
+	int have_run = 0;
+	for (int q = 0; q < nf; q++) {
+		uint32_t k = f[q].m.key.seg;
+		uint64_t fl = segfile_frame_len(&f[q].m);
+
+		if (k == 15) {
+			have_run = 0;
+			continue;
+		}
+		cr_assert_leq(fl, (uint64_t)1 << 20);
+		if (have_run && run_end == f[q].off && run_len + fl <= (4u << 20)) {
+			run_end += fl;
+			run_len += fl;
+			continue;
+		}
+		want_ops++;
+		have_run = 1;
+		run_end = f[q].off + fl;
+		run_len = fl;
+	}
+	cr_assert_lt(want_ops, N - 1, "the frames were laid out apart");
+
+	uring_engine_get_stats(e, &st0);
+	/* the first failure in the caller's order: frame 9 asked at k = 6 */
+	cr_assert_eq(tier_getv(t, &io, ask, dst, cap, N, res), -MKV_ECORRUPT);
+	uring_engine_get_stats(e, &st1);
+	cr_assert_eq(st1.ops - st0.ops, want_ops);
+	cr_assert_eq(st1.retries - st0.retries, 0);
+	for (int k = 0; k < N; k++) {
+		int i = perm[k];
+
+		if (i == 15) {
+			cr_assert_eq(res[k], -ENOSPC);
+			for (size_t b = 0; b < len[i]; b++)
+				cr_assert_eq((unsigned char)back[i][b], 0xA5);
+		} else if (i == 9) {
+			cr_assert_eq(res[k], -MKV_ECORRUPT, "%lld", (long long)res[k]);
+		} else {
+			cr_assert_eq(res[k], (int64_t)len[i], "item %d", i);
+			cr_assert_eq(memcmp(back[i], p[i], len[i]), 0, "item %d", i);
+		}
+	}
+	for (int i = 0; i < N; i++) {
+		tier_drop(t, &io, o[i]);
+		free(p[i]);
+		free(back[i]);
+	}
+	cr_assert_eq(tier_used(t), 0);
+	uring_engine_destroy(e);
+	tier_destroy(t);
+	tu_rmtree(dir);
+}
+
 /* lz4 applies only where it saves 10%: footprints show it. */
 Test(nvme, lz4_footprint)
 {
