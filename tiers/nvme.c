@@ -403,9 +403,11 @@ static int slab_create_locked(struct nvme_tier *n, uint64_t need,
 	return 0;
 }
 
-/* First fit over the usable slabs, then a new slab.  0 or -errno. */
-static int nvme_alloc(struct nvme_tier *n, uint64_t len,
-		      struct nvme_slab **out, uint64_t *off)
+/* First fit over the usable slabs, then a new slab (@within_room: only
+ * one that the capacity left has room for, never an oversized one).
+ * 0 or -errno. */
+static int nvme_alloc_ex(struct nvme_tier *n, uint64_t len, int within_room,
+			 struct nvme_slab **out, uint64_t *off)
 {
 	struct nvme_slab *s = NULL;
 	int rc;
@@ -433,6 +435,11 @@ static int nvme_alloc(struct nvme_tier *n, uint64_t len,
 			return 0;
 		}
 	}
+	if (within_room && (n->base.capacity < n->slab_total ||
+			    n->base.capacity - n->slab_total < len)) {
+		pthread_mutex_unlock(&n->alloc_lock);
+		return -ENOSPC;
+	}
 	rc = slab_create_locked(n, len, &s);
 	if (rc == 0) {
 		*off = s->fr[0].off;
@@ -444,6 +451,12 @@ static int nvme_alloc(struct nvme_tier *n, uint64_t len,
 	}
 	pthread_mutex_unlock(&n->alloc_lock);
 	return rc;
+}
+
+static int nvme_alloc(struct nvme_tier *n, uint64_t len,
+		      struct nvme_slab **out, uint64_t *off)
+{
+	return nvme_alloc_ex(n, len, 0, out, off);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -603,24 +616,43 @@ static void nvme_scrub(struct nvme_tier *n, struct tier_io *io,
 /* put                                                                     */
 
 /*
- * Place and encode one frame into @dst: an extent of the frame's bound is
- * allocated first (its place goes into the header the checksum covers),
- * the unused tail is given back, and the frame is charged.  Fills @o.
- * Returns the frame length or -errno, with nothing held on failure.
+ * Space reserved for one submission's frames: they are placed one after
+ * the other from @off, so that a later batched get finds them adjacent
+ * and reads them with one op (nvme_getv).  Without it, writers running at
+ * once take turns in the free list and interleave their frames.
+ */
+struct nvme_resv {
+	struct nvme_slab *s; /* NULL: none, each frame allocates its own */
+	uint64_t off, end;
+};
+
+/*
+ * Place and encode one frame into @dst: at the reservation's cursor when
+ * the frame's bound fits there, else in an extent of that bound allocated
+ * first (its place goes into the header the checksum covers) whose unused
+ * tail is given back; the frame is then charged.  Fills @o.  Returns the
+ * frame length or -errno, with nothing held on failure.
  */
 static int64_t nvme_encode_one(struct nvme_tier *n, const struct tier_meta *m,
-			       const void *src, char *dst, struct nvme_obj *o)
+			       const void *src, char *dst, struct nvme_obj *o,
+			       struct nvme_resv *rv)
 {
 	size_t bound = segfile_bound(m->len);
+	int reserved = rv && rv->s && rv->end - rv->off >= bound;
 	struct segfile_meta sm;
 	struct nvme_slab *s;
 	uint64_t off;
 	int64_t fl;
 	int rc;
 
-	rc = nvme_alloc(n, bound, &s, &off);
-	if (rc)
-		return rc;
+	if (reserved) {
+		s = rv->s;
+		off = rv->off;
+	} else {
+		rc = nvme_alloc(n, bound, &s, &off);
+		if (rc)
+			return rc;
+	}
 	memset(&sm, 0, sizeof sm);
 	sm.key = m->key;
 	memcpy(sm.shape, m->shape, sizeof sm.shape);
@@ -630,15 +662,19 @@ static int64_t nvme_encode_one(struct nvme_tier *n, const struct tier_meta *m,
 	sm.container = s->id;
 	fl = segfile_encode(&sm, src, m->len, dst, bound, n->lz4);
 	if (fl < 0) {
-		nvme_free_ext(n, s, off, bound);
+		if (!reserved)
+			nvme_free_ext(n, s, off, bound);
 		return fl;
 	}
-	if ((size_t)fl < bound)
+	if ((size_t)fl < bound && !reserved)
 		nvme_free_ext(n, s, off + (uint64_t)fl, bound - (size_t)fl);
 	if (!tier_charge(&n->base, (size_t)fl)) {
-		nvme_free_ext(n, s, off, (uint64_t)fl);
+		if (!reserved)
+			nvme_free_ext(n, s, off, (uint64_t)fl);
 		return -ENOSPC;
 	}
+	if (reserved)
+		rv->off += (uint64_t)fl;
 	o->base.meta = *m;
 	o->base.footprint = (size_t)fl;
 	o->slab = s;
@@ -665,13 +701,24 @@ struct nvme_putjob {
 };
 
 /* Encode frames until a submission's worth is ready; the ring writes them
- * while the next ones are encoded. */
+ * while the next ones are encoded.  The submission's frames go into one
+ * reserved extent where one is free (or a new slab within the capacity
+ * can hold it); what they leave of it is given back at once. */
 static unsigned nvme_put_more(void *arg, unsigned ready, int *last)
 {
 	struct nvme_putjob *j = arg;
+	struct nvme_resv rv = { 0 };
 	size_t bytes = 0;
+	uint64_t want = 0;
 	unsigned k = ready;
 
+	for (unsigned i = j->next; i < j->items && want < NVME_BATCH_BYTES; i++)
+		if (!j->rcs[i])
+			want += segfile_bound(j->m[i].len);
+	if (want > 0 && nvme_alloc_ex(j->n, want, 1, &rv.s, &rv.off) == 0)
+		rv.end = rv.off + want;
+	else
+		rv.s = NULL;
 	while (j->next < j->items && bytes < NVME_BATCH_BYTES) {
 		unsigned i = j->next++;
 		int64_t fl;
@@ -679,7 +726,7 @@ static unsigned nvme_put_more(void *arg, unsigned ready, int *last)
 		if (j->rcs[i])
 			continue;
 		fl = nvme_encode_one(j->n, &j->m[i], j->src[i],
-				     j->bounce + j->boff[i], j->o[i]);
+				     j->bounce + j->boff[i], j->o[i], &rv);
 		if (fl < 0) {
 			j->rcs[i] = (int)fl;
 			continue;
@@ -690,6 +737,8 @@ static unsigned nvme_put_more(void *arg, unsigned ready, int *last)
 		j->op_item[k++] = i;
 		bytes += (size_t)fl;
 	}
+	if (rv.s && rv.off < rv.end)
+		nvme_free_ext(j->n, rv.s, rv.off, rv.end - rv.off);
 	*last = j->next == j->items;
 	return k;
 }
