@@ -34,7 +34,10 @@
 #define WIN_TILE 256   /* window tokens per CTA */
 #define HIST_HI 2048   /* bins of key bits 31..21 */
 #define HIST_LO 65536  /* bins of key bits 31..16 */
-#define HIST_WORDS (HIST_HI + HIST_LO)
+/* After the histograms, per context: the many-CTA select's state (tickets,
+ * candidate count, cut-off, per-CTA counts and offsets); cleared with them. */
+#define SELX_WORDS 256
+#define HIST_WORDS (HIST_HI + HIST_LO + SELX_WORDS)
 #define DENSE_T 1024   /* dense-kernel tokens per CTA */
 #define NQP(nq) ((nq) == 3 ? 4 : (nq))
 /* Rows of one segment's rotated query in the scratch: q'[c][P] for
@@ -603,8 +606,8 @@ __device__ void build_chunks(const struct sel_src &src, uint32_t nsel, char *ws,
 #pragma unroll
 		for (int u = 0; u < SEL_U; u++) {
 			uint32_t p = b0 + 32 * u + lane;
-			k1[u] = p < p1 ? key[p] : 0;
-			k0[u] = p < p1 && p > 0 ? key[p - 1] : ~0u;
+			k1[u] = p < p1 ? __ldcg(&key[p]) : 0;
+			k0[u] = p < p1 && p > 0 ? __ldcg(&key[p - 1]) : ~0u;
 		}
 #pragma unroll
 		for (int u = 0; u < SEL_U; u++) {
@@ -637,8 +640,8 @@ __device__ void build_chunks(const struct sel_src &src, uint32_t nsel, char *ws,
 #pragma unroll
 		for (int u = 0; u < SEL_U; u++) {
 			uint32_t p = b0 + 32 * u + lane;
-			k1[u] = p < p1 ? key[p] : 0;
-			k0[u] = p < p1 && p > 0 ? key[p - 1] : ~0u;
+			k1[u] = p < p1 ? __ldcg(&key[p]) : 0;
+			k0[u] = p < p1 && p > 0 ? __ldcg(&key[p - 1]) : ~0u;
 		}
 #pragma unroll
 		for (int u = 0; u < SEL_U; u++) {
@@ -663,32 +666,25 @@ struct sel_smem {
 	uint32_t ckey[SEL_CAP]; /* candidate keys */
 	uint32_t ciw[SEL_CAP];  /* candidate (index << 8) | tokens */
 	uint32_t h[HIST_HI];
-	uint32_t wcnt[32], woff[32];
+	uint32_t wcnt[64], woff[32]; /* per warp (one CTA) or per CTA range (many) */
 	uint32_t scan[33];
 	uint32_t ncand, digit, abv, tie_max;
 };
 
 /*
- * The fast path.  The score kernel left weight histograms of the keys' top
- * 11 and top 16 bits; two look-ups narrow the cut-off to one 16-bit bin
- * (1/128 of an octave), one coalesced pass collects that bin's blocks
- * (typically a few hundred) into shared memory and counts, per warp, the
- * blocks above it; two 8-bit passes over the candidates give the exact
- * cut-off key; ties go to the lower index; a second coalesced pass writes
- * the selection in block order.  Returns the number selected, or
- * UINT32_MAX (nothing written) when the candidates overflow SEL_CAP.
+ * From the score kernel's histograms (@ghist: top 11 bits, then top 16
+ * bits, weights in tokens): the 16-bit key prefix of the bin where the
+ * budget @need runs out and, in *@abovep, the weight of the blocks above
+ * that bin.  *@modep: 0 radix select (may become 1: everything fits), 1 take
+ * all (prefix 0), 2 only the sink (prefix 0xffff).  All SEL_T threads.
  */
-__device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mode, char *ws,
-				const struct ws_layout &L, uint32_t h, struct sel_smem &sm)
+__device__ uint32_t sel_cut16(const uint32_t *ghist, uint64_t need, int *modep,
+			      uint64_t *abovep, struct sel_smem &sm)
 {
-	const float *scores = WSP(float, L, scores, ws, h);
-	const uint8_t *ntok = WSP(uint8_t, L, ntok, ws, h);
-	uint32_t *sel = WSP(uint32_t, L, sel, ws, h);
-	uint32_t *selseg = WSP(uint32_t, L, selseg, ws, h);
-	const uint32_t *ghist = HIST(ws, h);
-	uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nb = src.nb;
+	uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
 	uint64_t above = 0;
 	uint32_t prefix16 = 0xffffu; /* mode 2: nothing but the sink */
+	int mode = *modep;
 	if (mode == 0) {
 		for (uint32_t i = tid; i < HIST_HI; i += SEL_T)
 			sm.h[i] = ghist[i];
@@ -733,52 +729,23 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 	}
 	if (mode == 1)
 		prefix16 = 0; /* every real key's top 16 bits are above 0 */
-	if (tid == 0)
-		sm.ncand = 0;
-	__syncthreads();
-	/* candidate pass, warp-contiguous ranges, SEL_U loads in flight per lane */
-	uint32_t R = (((nb + 31) / 32) + 31) & ~31u;
-	uint32_t r0 = min(nb, w * R), r1 = min(nb, r0 + R);
-	uint32_t cnt = 0;
-	for (uint32_t b0 = r0; b0 < r1; b0 += 32 * SEL_U) {
-		float sc[SEL_U];
-		uint32_t wt[SEL_U];
-#pragma unroll
-		for (int u = 0; u < SEL_U; u++) {
-			uint32_t i = b0 + u * 32 + lane;
-			sc[u] = i < r1 ? scores[i] : 0.0f;
-			wt[u] = i < r1 ? ntok[i] : 0;
-		}
-#pragma unroll
-		for (int u = 0; u < SEL_U; u++) {
-			uint32_t i = b0 + u * 32 + lane;
-			bool ok = i < r1 && i >= 1;
-			uint32_t k = fkey(sc[u]), t16 = k >> 16;
-			cnt += ok && t16 > prefix16;
-			bool cand = ok && t16 == prefix16;
-			uint32_t bal = __ballot_sync(0xffffffffu, cand);
-			if (bal) {
-				uint32_t basepos = 0;
-				if (lane == 0)
-					basepos = atomicAdd(&sm.ncand, (uint32_t)__popc(bal));
-				basepos = __shfl_sync(0xffffffffu, basepos, 0);
-				uint32_t pos = basepos + __popc(bal & ((1u << lane) - 1u));
-				if (cand && pos < SEL_CAP) {
-					sm.ckey[pos] = k;
-					sm.ciw[pos] = (i << 8) | wt[u];
-				}
-			}
-		}
-	}
-#pragma unroll
-	for (int o = 16; o > 0; o >>= 1)
-		cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-	if (lane == 0)
-		sm.wcnt[w] = cnt + (w == 0 && nb > 0); /* the sink */
-	__syncthreads();
-	uint32_t nc = sm.ncand;
-	if (nc > SEL_CAP)
-		return UINT32_MAX; /* uniform */
+	*modep = mode;
+	*abovep = above;
+	return prefix16;
+}
+
+/*
+ * The exact cut-off key among the @nc candidates in sm.ckey / sm.ciw (the
+ * blocks of the 16-bit bin @prefix16, weight @above above it): two 8-bit
+ * radix passes; then the candidates taken (above the cut-off, and ties in
+ * index order while the budget lasts) are counted into sm.wcnt[index / @R]
+ * and the largest tie taken goes to sm.tie_max.  Returns the cut-off key.
+ * All SEL_T threads.
+ */
+__device__ uint32_t sel_exact(uint32_t nc, uint32_t prefix16, int mode, uint64_t need,
+			      uint64_t above, uint32_t R, struct sel_smem &sm)
+{
+	uint32_t tid = threadIdx.x;
 	uint32_t kstar = 0xffffffffu;
 	if (mode == 1)
 		kstar = 0;
@@ -827,25 +794,95 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 		if (take)
 			atomicAdd(&sm.wcnt[idx / R], 1u);
 	}
-	__syncthreads();
-	if (w == 0) {
-		uint32_t v = sm.wcnt[lane], x = v;
+	return kstar;
+}
+
+/*
+ * Candidate pass of one warp over blocks [@r0, @r1), SEL_U loads in flight
+ * per lane: returns (in every lane) the count of blocks whose key's top 16
+ * bits are above @prefix16 (the sink, block 0, not counted); the blocks
+ * of that bin are appended at *@ncand (a shared or global counter) to
+ * @ckey (keys) and @ciw ((index << 8) | tokens) while below SEL_CAP.
+ */
+__device__ uint32_t sel_scan_warp(const float *scores, const uint8_t *ntok, uint32_t r0,
+				  uint32_t r1, uint32_t prefix16, uint32_t *ncand, uint32_t *ckey,
+				  uint32_t *ciw)
+{
+	uint32_t lane = threadIdx.x & 31, cnt = 0;
+	for (uint32_t b0 = r0; b0 < r1; b0 += 32 * SEL_U) {
+		float sc[SEL_U];
+		uint32_t wt[SEL_U];
 #pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-			if (lane >= (uint32_t)o)
-				x += y;
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t i = b0 + u * 32 + lane;
+			sc[u] = i < r1 ? scores[i] : 0.0f;
+			wt[u] = i < r1 ? ntok[i] : 0;
 		}
-		sm.woff[lane] = x - v;
-		if (lane == 31)
-			sm.ncand = x; /* reused: the total */
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t i = b0 + u * 32 + lane;
+			bool ok = i < r1 && i >= 1;
+			uint32_t k = fkey(sc[u]), t16 = k >> 16;
+			cnt += ok && t16 > prefix16;
+			bool cand = ok && t16 == prefix16;
+			uint32_t bal = __ballot_sync(0xffffffffu, cand);
+			if (bal) {
+				uint32_t basepos = 0;
+				if (lane == 0)
+					basepos = atomicAdd(ncand, (uint32_t)__popc(bal));
+				basepos = __shfl_sync(0xffffffffu, basepos, 0);
+				uint32_t pos = basepos + __popc(bal & ((1u << lane) - 1u));
+				if (cand && pos < SEL_CAP) {
+					ckey[pos] = k;
+					ciw[pos] = (i << 8) | wt[u];
+				}
+			}
+		}
 	}
-	__syncthreads();
-	uint32_t nsel = sm.ncand, tmax = sm.tie_max;
-	/* write pass, in block order */
-	uint32_t pos = sm.woff[w];
-	uint32_t *selkey = WSP(uint32_t, L, selkey, ws, h);
-	uint32_t si = 0;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+	return cnt;
+}
+
+/* Whether block @i of key @k is selected once the cut-off is known: the
+ * sink, keys above the cut-off, and ties up to the last one taken. */
+__device__ __forceinline__ bool sel_take(uint32_t i, uint32_t k, uint32_t kstar, uint32_t tmax)
+{
+	return i == 0 || k > kstar || (k == kstar && tmax && i <= tmax);
+}
+
+/* Blocks of [@r0, @r1) selected, counted by one warp (every lane). */
+__device__ uint32_t sel_count_warp(const float *scores, uint32_t r0, uint32_t r1, uint32_t kstar,
+				   uint32_t tmax)
+{
+	uint32_t lane = threadIdx.x & 31, cnt = 0;
+	for (uint32_t b0 = r0; b0 < r1; b0 += 32 * SEL_U) {
+		float sc[SEL_U];
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t i = b0 + u * 32 + lane;
+			sc[u] = i < r1 ? scores[i] : 0.0f;
+		}
+#pragma unroll
+		for (int u = 0; u < SEL_U; u++) {
+			uint32_t i = b0 + u * 32 + lane;
+			cnt += i < r1 && sel_take(i, fkey(sc[u]), kstar, tmax);
+		}
+	}
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+	return cnt;
+}
+
+/* Write pass of one warp over [@r0, @r1) from list position @pos: the
+ * selected ids, their segments and chunk keys, in block order. */
+__device__ void sel_write_warp(const struct sel_src &src, const float *scores, uint32_t r0,
+			       uint32_t r1, uint32_t kstar, uint32_t tmax, uint32_t pos,
+			       uint32_t *sel, uint32_t *selseg, uint32_t *selkey)
+{
+	uint32_t lane = threadIdx.x & 31, si = 0;
 	if (src.segs && r0 + lane < r1) {
 		uint32_t lo = 0, hi = src.nseg - 1, i = r0 + lane;
 		while (lo < hi) {
@@ -868,9 +905,7 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 #pragma unroll
 		for (int u = 0; u < SEL_U; u++) {
 			uint32_t i = b0 + u * 32 + lane;
-			bool ok = i < r1;
-			uint32_t k = fkey(sc[u]);
-			bool take = ok && (i == 0 || k > kstar || (k == kstar && tmax && i <= tmax));
+			bool take = i < r1 && sel_take(i, fkey(sc[u]), kstar, tmax);
 			uint32_t bal = __ballot_sync(0xffffffffu, take);
 			if (take) {
 				while (src.segs && si + 1 < src.nseg && src.segs[si + 1].block0 <= i) {
@@ -885,8 +920,74 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 			pos += __popc(bal);
 		}
 	}
+}
+
+/*
+ * The fast path.  The score kernel left weight histograms of the keys' top
+ * 11 and top 16 bits; two look-ups narrow the cut-off to one 16-bit bin
+ * (1/128 of an octave), one coalesced pass collects that bin's blocks
+ * (typically a few hundred) into shared memory and counts, per warp, the
+ * blocks above it; two 8-bit passes over the candidates give the exact
+ * cut-off key; ties go to the lower index; a second coalesced pass writes
+ * the selection in block order.  Returns the number selected, or
+ * UINT32_MAX (nothing written) when the candidates overflow SEL_CAP.
+ */
+__device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mode, char *ws,
+				const struct ws_layout &L, uint32_t h, struct sel_smem &sm)
+{
+	const float *scores = WSP(float, L, scores, ws, h);
+	const uint8_t *ntok = WSP(uint8_t, L, ntok, ws, h);
+	uint32_t *sel = WSP(uint32_t, L, sel, ws, h);
+	uint32_t *selseg = WSP(uint32_t, L, selseg, ws, h);
+	const uint32_t *ghist = HIST(ws, h);
+	uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nb = src.nb;
+	uint64_t above = 0;
+	uint32_t prefix16 = sel_cut16(ghist, need, &mode, &above, sm);
+	if (tid == 0)
+		sm.ncand = 0;
+	__syncthreads();
+	/* candidate pass, warp-contiguous ranges */
+	uint32_t R = (((nb + 31) / 32) + 31) & ~31u;
+	uint32_t r0 = min(nb, w * R), r1 = min(nb, r0 + R);
+	uint32_t cnt = sel_scan_warp(scores, ntok, r0, r1, prefix16, &sm.ncand, sm.ckey, sm.ciw);
+	if (lane == 0)
+		sm.wcnt[w] = cnt + (w == 0 && nb > 0); /* the sink */
+	__syncthreads();
+	uint32_t nc = sm.ncand;
+	if (nc > SEL_CAP)
+		return UINT32_MAX; /* uniform */
+	uint32_t kstar = sel_exact(nc, prefix16, mode, need, above, R, sm);
+	__syncthreads();
+	if (w == 0) {
+		uint32_t v = sm.wcnt[lane], x = v;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+			if (lane >= (uint32_t)o)
+				x += y;
+		}
+		sm.woff[lane] = x - v;
+		if (lane == 31)
+			sm.ncand = x; /* reused: the total */
+	}
+	__syncthreads();
+	uint32_t nsel = sm.ncand, tmax = sm.tie_max;
+	sel_write_warp(src, scores, r0, r1, kstar, tmax, sm.woff[w], sel, selseg,
+		       WSP(uint32_t, L, selkey, ws, h));
 	__syncthreads();
 	return nsel;
+}
+
+/* Tokens still wanted after the sink (block 0, whose @ntok[0] tokens are
+ * always kept) and the mode: 0 radix select, 2 nothing but the sink. */
+__device__ uint64_t sel_need(const struct sel_src &src, double frac, const uint8_t *ntok,
+			     int *mode)
+{
+	uint64_t budget = frac >= 1.0 ? src.n_hist : (uint64_t)ceil(frac * (double)src.n_hist);
+	uint64_t w0 = ntok[0];
+	uint64_t need = budget > w0 ? budget - w0 : 0;
+	*mode = need == 0 ? 2 : 0;
+	return need;
 }
 
 __device__ void select_run(const struct sel_src src, double frac, char *ws,
@@ -897,13 +998,8 @@ __device__ void select_run(const struct sel_src src, double frac, char *ws,
 	uint32_t nb = src.nb;
 	uint32_t nsel = 0;
 	if (nb > 0) {
-		const uint8_t *ntok = WSP(uint8_t, L, ntok, ws, h);
-		uint64_t budget =
-			frac >= 1.0 ? src.n_hist : (uint64_t)ceil(frac * (double)src.n_hist);
-		uint64_t w0 = ntok[0];
-		uint64_t need = budget > w0 ? budget - w0 : 0; /* tokens still wanted */
-		/* mode: 0 radix select, 1 take all, 2 take only the sink */
-		int mode = need == 0 ? 2 : 0;
+		int mode;
+		uint64_t need = sel_need(src, frac, WSP(uint8_t, L, ntok, ws, h), &mode);
 		nsel = select_fast(src, need, mode, ws, L, h, sm);
 		if (nsel == UINT32_MAX)
 			nsel = select_slow(src, need, mode, ws, L, h);
@@ -926,6 +1022,183 @@ __global__ void __launch_bounds__(SEL_T) k_select_quest(const struct gpu_dense_h
 	const struct gpu_dense_head *H = &heads[blockIdx.x];
 	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL};
 	select_run(s, frac, ws, L, blockIdx.x);
+}
+
+/* ------------------------------------------------------------------ */
+/* select over many CTAs per context (the default; k_select above is   */
+/* kept to compare: GPU_ATTN_SELECT_ONE_CTA).                          */
+/*
+ * One CTA per context left ~47 µs at 1M tokens on the H200 (ncu, eight
+ * CTAs of 1024 threads on eight SMs, 13.7 cycles per issue: every pass
+ * over 65,536 scores ran on one SM).  Here each context's blocks are cut
+ * into ranges of R (a multiple of 1024), one CTA each, in two launches:
+ *   count  every CTA derives the 16-bit bin from the histograms (the same
+ *          arithmetic everywhere), counts its blocks above the bin and
+ *          appends the bin's blocks to a candidate list; the last CTA of
+ *          the context to finish (ticket after a fence) copies the
+ *          candidates to shared memory, cuts them exactly (sel_exact), and
+ *          turns the per-CTA counts into list offsets;
+ *   write  every CTA writes its selected blocks at its offset, in block
+ *          order; the last one builds the chunk list.
+ * The selection is the one k_select makes (same cut, same ties), bit for
+ * bit (test: select_many_ctas_equals_one_cta).  When the bin holds more
+ * than SEL_CAP candidates the count launch's last CTA runs select_slow
+ * itself and the write launch only builds the chunks.
+ */
+#define MSEL_MAXC 64 /* CTAs per context at most */
+enum { SX_DONE_B = 0, SX_DONE_D, SX_NCAND, SX_SLOW, SX_KSTAR, SX_TMAX, SX_NSEL,
+       SX_CNT = 64, SX_OFF = 128 };
+#define SELX(ws, h) (HIST(ws, h) + HIST_HI + HIST_LO)
+
+/* After each thread's writes: true in the CTA that finished last among
+ * the grid's row (blockIdx.y), which then sees every CTA's writes. */
+__device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
+{
+	__threadfence();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		*sh_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+	__syncthreads();
+	bool last = *sh_last;
+	if (last)
+		__threadfence();
+	return last;
+}
+
+__device__ void msel_count(const struct sel_src src, double frac, char *ws,
+			   const struct ws_layout &L, uint32_t h, uint32_t R)
+{
+	extern __shared__ __align__(16) unsigned char sel_raw[];
+	struct sel_smem &sm = *(struct sel_smem *)sel_raw;
+	__shared__ bool sh_last;
+	uint32_t *X = SELX(ws, h);
+	uint32_t *ckey = WSP(uint32_t, L, selkey, ws, h), *ciw = WSP(uint32_t, L, selseg, ws, h);
+	uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nb = src.nb, c = blockIdx.x;
+	int mode = 2;
+	uint64_t need = 0, above = 0;
+	uint32_t prefix16 = 0xffffu;
+	if (nb > 0) { /* uniform over the CTA */
+		need = sel_need(src, frac, WSP(uint8_t, L, ntok, ws, h), &mode);
+		prefix16 = sel_cut16(HIST(ws, h), need, &mode, &above, sm);
+	}
+	uint32_t r0 = min(nb, c * R), r1 = min(nb, r0 + R), Rw = R / 32;
+	uint32_t w0 = min(r1, r0 + w * Rw), w1 = min(r1, w0 + Rw);
+	uint32_t cnt = sel_scan_warp(WSP(float, L, scores, ws, h), WSP(uint8_t, L, ntok, ws, h),
+				     w0, w1, prefix16, &X[SX_NCAND], ckey, ciw);
+	if (lane == 0)
+		sm.wcnt[w] = cnt;
+	__syncthreads();
+	if (tid == 0) {
+		uint32_t t = c == 0 && nb > 0; /* the sink */
+		for (int k = 0; k < 32; k++)
+			t += sm.wcnt[k];
+		X[SX_CNT + c] = t;
+	}
+	if (!last_cta_in_row(&X[SX_DONE_B], &sh_last))
+		return;
+	uint32_t nc = __ldcg(&X[SX_NCAND]);
+	if (nb > 0 && nc > SEL_CAP) {
+		uint32_t nsel = select_slow(src, need, mode, ws, L, h);
+		if (tid == 0) {
+			X[SX_SLOW] = 1;
+			X[SX_NSEL] = nsel;
+		}
+		return;
+	}
+	for (uint32_t i = tid; i < nc; i += SEL_T) {
+		sm.ckey[i] = __ldcg(&ckey[i]);
+		sm.ciw[i] = __ldcg(&ciw[i]);
+	}
+	for (uint32_t i = tid; i < MSEL_MAXC; i += SEL_T)
+		sm.wcnt[i] = 0;
+	__syncthreads();
+	uint32_t kstar = 0xffffffffu;
+	if (nb > 0)
+		kstar = sel_exact(nc, prefix16, mode, need, above, R, sm);
+	else if (tid == 0)
+		sm.tie_max = 0;
+	__syncthreads();
+	if (tid == 0) {
+		uint32_t t = 0;
+		for (uint32_t k = 0; k < gridDim.x; k++) {
+			X[SX_OFF + k] = t;
+			t += __ldcg(&X[SX_CNT + k]) + sm.wcnt[k];
+		}
+		X[SX_NSEL] = t;
+		X[SX_KSTAR] = kstar;
+		X[SX_TMAX] = sm.tie_max;
+		X[SX_SLOW] = 0;
+	}
+}
+
+__device__ void msel_write(const struct sel_src src, char *ws, const struct ws_layout &L,
+			   uint32_t h, uint32_t R)
+{
+	__shared__ uint32_t wc[32], scan_sh[33];
+	__shared__ bool sh_last;
+	const uint32_t *X = SELX(ws, h);
+	uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nb = src.nb, c = blockIdx.x;
+	uint32_t r0 = min(nb, c * R), r1 = min(nb, r0 + R), Rw = R / 32;
+	uint32_t w0 = min(r1, r0 + w * Rw), w1 = min(r1, w0 + Rw);
+	const float *scores = WSP(float, L, scores, ws, h);
+	if (!X[SX_SLOW] && r0 < r1) { /* uniform over the CTA */
+		uint32_t kstar = X[SX_KSTAR], tmax = X[SX_TMAX];
+		uint32_t n = sel_count_warp(scores, w0, w1, kstar, tmax);
+		if (lane == 0)
+			wc[w] = n;
+		__syncthreads();
+		if (w == 0) {
+			uint32_t v = wc[lane], x = v;
+#pragma unroll
+			for (int o = 1; o < 32; o <<= 1) {
+				uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+				if (lane >= (uint32_t)o)
+					x += y;
+			}
+			wc[lane] = x - v;
+		}
+		__syncthreads();
+		sel_write_warp(src, scores, w0, w1, kstar, tmax, X[SX_OFF + c] + wc[w],
+			       WSP(uint32_t, L, sel, ws, h), WSP(uint32_t, L, selseg, ws, h),
+			       WSP(uint32_t, L, selkey, ws, h));
+	}
+	if (!last_cta_in_row((uint32_t *)&X[SX_DONE_D], &sh_last))
+		return;
+	build_chunks(src, __ldcg(&X[SX_NSEL]), ws, L, h, scan_sh);
+}
+
+__global__ void __launch_bounds__(SEL_T) k_msel_count(const struct gpu_head *heads, double frac,
+						      char *ws, struct ws_layout L, uint32_t R)
+{
+	const struct gpu_head *H = &heads[blockIdx.y];
+	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs};
+	msel_count(s, frac, ws, L, blockIdx.y, R);
+}
+
+__global__ void __launch_bounds__(SEL_T) k_msel_write(const struct gpu_head *heads, char *ws,
+						      struct ws_layout L, uint32_t R)
+{
+	const struct gpu_head *H = &heads[blockIdx.y];
+	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs};
+	msel_write(s, ws, L, blockIdx.y, R);
+}
+
+__global__ void __launch_bounds__(SEL_T) k_msel_count_quest(const struct gpu_dense_head *heads,
+							    uint32_t qb, double frac, char *ws,
+							    struct ws_layout L, uint32_t R)
+{
+	const struct gpu_dense_head *H = &heads[blockIdx.y];
+	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL};
+	msel_count(s, frac, ws, L, blockIdx.y, R);
+}
+
+__global__ void __launch_bounds__(SEL_T) k_msel_write_quest(const struct gpu_dense_head *heads,
+							    uint32_t qb, char *ws,
+							    struct ws_layout L, uint32_t R)
+{
+	const struct gpu_dense_head *H = &heads[blockIdx.y];
+	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL};
+	msel_write(s, ws, L, blockIdx.y, R);
 }
 
 /* ------------------------------------------------------------------ */
@@ -2926,6 +3199,26 @@ static float scale2_of(const struct gpu_attn_args *a)
 	return sc * LOG2E;
 }
 
+/*
+ * The many-CTA select's grid: ranges of R blocks (a multiple of 1024, so
+ * each of a CTA's 32 warps scans a whole number of 32-block rows), about
+ * two CTAs per SM over all contexts, at most MSEL_MAXC per context.
+ */
+static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx)
+{
+	int dev = 0, nsm = 0;
+	GPU_CK(cudaGetDevice(&dev));
+	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	uint64_t nb = a->max_blocks ? a->max_blocks : 1, ctas = 2 * (uint64_t)(nsm > 0 ? nsm : 1);
+	uint64_t per = (nb * a->n_heads + ctas - 1) / ctas;
+	uint64_t least = (nb + MSEL_MAXC - 1) / MSEL_MAXC;
+	uint64_t r = per > least ? per : least;
+	r = (r + 1023) & ~(uint64_t)1023;
+	*R = (uint32_t)r;
+	*gx = (uint32_t)((nb + r - 1) / r);
+	return 0;
+}
+
 template <int NQ>
 static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_head *heads,
 			       const struct ws_layout &L, cudaStream_t s)
@@ -2940,9 +3233,24 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		k_score<NQ><<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(heads, ws, L);
 		GPU_CKL();
 	}
-	GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	if (a->flags & GPU_ATTN_SELECT_ONE_CTA) {
+		GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					    (int)sizeof(struct sel_smem)));
+		k_select<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(heads, a->token_frac,
+									     ws, L);
+		GPU_CKL();
+		return 0;
+	}
+	uint32_t R, gx;
+	int rc = msel_grid(a, &R, &gx);
+	if (rc)
+		return rc;
+	GPU_CK(cudaFuncSetAttribute(k_msel_count, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)sizeof(struct sel_smem)));
-	k_select<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(heads, a->token_frac, ws, L);
+	k_msel_count<<<dim3(gx, a->n_heads), SEL_T, sizeof(struct sel_smem), s>>>(
+		heads, a->token_frac, ws, L, R);
+	GPU_CKL();
+	k_msel_write<<<dim3(gx, a->n_heads), SEL_T, 0, s>>>(heads, ws, L, R);
 	GPU_CKL();
 	return 0;
 }
@@ -3033,11 +3341,28 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 		k_score_quest<NQ><<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(
 			heads, a->q, a->d, a->quest_b, ws, L);
 		GPU_CKL();
-		GPU_CK(cudaFuncSetAttribute(k_select_quest, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					    (int)sizeof(struct sel_smem)));
-		k_select_quest<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(
-			heads, a->quest_b, a->token_frac, ws, L);
-		GPU_CKL();
+		if (a->flags & GPU_ATTN_SELECT_ONE_CTA) {
+			GPU_CK(cudaFuncSetAttribute(k_select_quest,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)sizeof(struct sel_smem)));
+			k_select_quest<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(
+				heads, a->quest_b, a->token_frac, ws, L);
+			GPU_CKL();
+		} else {
+			uint32_t R, gx;
+			int rc = msel_grid(a, &R, &gx);
+			if (rc)
+				return rc;
+			GPU_CK(cudaFuncSetAttribute(k_msel_count_quest,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)sizeof(struct sel_smem)));
+			k_msel_count_quest<<<dim3(gx, a->n_heads), SEL_T, sizeof(struct sel_smem),
+					     s>>>(heads, a->quest_b, a->token_frac, ws, L, R);
+			GPU_CKL();
+			k_msel_write_quest<<<dim3(gx, a->n_heads), SEL_T, 0, s>>>(heads, a->quest_b,
+										  ws, L, R);
+			GPU_CKL();
+		}
 	}
 	if (!attend)
 		return 0;
@@ -3143,4 +3468,10 @@ uint32_t *gpu_ws_counts(const struct gpu_attn_args *a, uint32_t head)
 {
 	struct ws_layout L = ws_plan(a, WS_PACKED);
 	return WSP(uint32_t, L, counts, a->ws, head);
+}
+
+uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head)
+{
+	struct ws_layout L = ws_plan(a, WS_PACKED);
+	return WSP(uint32_t, L, chunk, a->ws, head);
 }

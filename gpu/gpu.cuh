@@ -130,6 +130,10 @@ struct gpu_attn_args {
  * version before the channel-major walk; kept to compare) also where both
  * halves have g == 1. */
 #define GPU_ATTN_SCATTER 2u
+/* Block selection by one CTA per context (the version before the
+ * many-CTA select; kept to compare: same selection, slower at long
+ * contexts). */
+#define GPU_ATTN_SELECT_ONE_CTA 4u
 
 /* Bytes of scratch a call with these maxima needs (packed, quest or dense;
  * for dense, max_blocks counts tokens / quest_b). */
@@ -160,6 +164,8 @@ GPU_HIDDEN float *gpu_ws_scores(const struct gpu_attn_args *a, uint32_t head);
 GPU_HIDDEN uint32_t *gpu_ws_selected(const struct gpu_attn_args *a, uint32_t head);
 /* counts[0] = selected blocks, counts[1] = chunks */
 GPU_HIDDEN uint32_t *gpu_ws_counts(const struct gpu_attn_args *a, uint32_t head);
+/* chunk starts: counts[1] + 1 list positions, the last one counts[0] */
+GPU_HIDDEN uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head);
 
 /* --- Baselines ---------------------------------------------------------- */
 

@@ -479,6 +479,157 @@ Test(gpu, select_1m_tokens)
 	run_free(&r);
 }
 
+/* One head's selection as the scratch holds it after a score+select. */
+struct sel_out {
+	uint32_t cnt[2];
+	uint32_t *sel, *chunk;
+};
+
+static void sel_fetch(const struct run *r, uint32_t h, struct sel_out *o)
+{
+	GU_CK(cudaMemcpy(o->cnt, gpu_ws_counts(&r->a, h), 8, cudaMemcpyDeviceToHost));
+	o->sel = malloc(4 * (size_t)o->cnt[0] + 4);
+	o->chunk = malloc(4 * ((size_t)o->cnt[1] + 1));
+	GU_CK(cudaMemcpy(o->sel, gpu_ws_selected(&r->a, h), 4 * (size_t)o->cnt[0],
+			 cudaMemcpyDeviceToHost));
+	GU_CK(cudaMemcpy(o->chunk, gpu_ws_chunks(&r->a, h), 4 * ((size_t)o->cnt[1] + 1),
+			 cudaMemcpyDeviceToHost));
+}
+
+/*
+ * The many-CTA select (default) and the one-CTA select make the same
+ * selection and chunk list, bit for bit, on a freshly poisoned scratch
+ * each time.  Returns the heads' total selected count.
+ */
+static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed)
+{
+	struct sel_out one[MAXH], many[MAXH];
+	uint64_t total = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		GU_CK(cudaMemset(r->ws, 0xff, r->a.ws_bytes));
+		r->a.flags = pass ? GPU_ATTN_SELECT_ONE_CTA : 0;
+		cr_assert_eq(gpu_score_select(&r->a, dheads, 0), 0);
+		GU_CK(cudaDeviceSynchronize());
+		for (uint32_t h = 0; h < r->H; h++)
+			sel_fetch(r, h, pass ? &one[h] : &many[h]);
+	}
+	r->a.flags = g_flags;
+	for (uint32_t h = 0; h < r->H; h++) {
+		cr_assert_eq(many[h].cnt[0], one[h].cnt[0], "seed %llu head %u: %u vs %u selected",
+			     (unsigned long long)seed, h, many[h].cnt[0], one[h].cnt[0]);
+		cr_assert_eq(many[h].cnt[1], one[h].cnt[1], "seed %llu head %u: chunks",
+			     (unsigned long long)seed, h);
+		cr_assert_eq(memcmp(many[h].sel, one[h].sel, 4 * (size_t)one[h].cnt[0]), 0,
+			     "seed %llu head %u: selections differ", (unsigned long long)seed, h);
+		cr_assert_eq(memcmp(many[h].chunk, one[h].chunk, 4 * ((size_t)one[h].cnt[1] + 1)),
+			     0, "seed %llu head %u: chunk lists differ", (unsigned long long)seed, h);
+		total += one[h].cnt[0];
+		free(one[h].sel);
+		free(one[h].chunk);
+		free(many[h].sel);
+		free(many[h].chunk);
+	}
+	return total;
+}
+
+Test(gpu, select_many_ctas_equals_one_cta)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	/* budgets: the radix cut, only the sink, everything, half */
+	const double fracs[] = {0.1, 1e-6, 1.0, 0.5};
+	const uint32_t H = 3, d = 128, nq = 4, nseg = 5;
+	uint32_t maxb;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, d / 4, 1, 16, 1);
+	struct gu_ctx c[MAXH];
+	/* heads of different lengths: ~2,000-4,000 blocks each, so several
+	 * CTAs per head, the last range partial */
+	build_ctxs(c, H, &rng, d, nseg, 6000, 0, &eo, &maxb);
+	for (size_t f = 0; f < sizeof fracs / sizeof *fracs; f++) {
+		struct run r;
+		run_init(&r, &rng, H, nq, d, fracs[f]);
+		run_args(&r, nseg, maxb, 0, 16);
+		upload_heads(&r, c);
+		uint64_t n = same_selection(&r, r.dheads, seed);
+		if (fracs[f] == 1.0) {
+			uint64_t all = 0;
+			for (uint32_t h = 0; h < H; h++)
+				all += c[h].n_blocks;
+			cr_assert_eq(n, all);
+		} else if (fracs[f] < 0.001) {
+			cr_assert_eq(n, H, "only the sinks");
+		}
+		run_free(&r);
+	}
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
+}
+
+/* 1M tokens in one context, summaries random or all equal (every block
+ * ties: more candidates than the fast path holds, so both versions fall
+ * back to the three-pass select). */
+static void many_ctas_1m(int all_equal)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const uint32_t nb = 65536, b = 16, S = 32, d = 128, nq = 4, dk = 96, nseg = 16;
+	const uint32_t bps = nb / nseg;
+	uint16_t *mn = malloc(2 * (size_t)nb * S), *mx = malloc(2 * (size_t)nb * S);
+	for (size_t i = 0; i < (size_t)nb * S; i++) {
+		float a = all_equal ? 0.25f : (float)gu_normal(&rng);
+		float z = all_equal ? 0.5f : a + (float)fabs(gu_normal(&rng));
+		mn[i] = gu_bf16(a);
+		mx[i] = gu_bf16(z);
+	}
+	uint16_t *rot = calloc((size_t)dk * d, 2);
+	for (uint32_t i = 0; i < dk; i++)
+		rot[(size_t)i * d + i] = gu_bf16(1.0f);
+	void *dmn = gu_upload(mn, 2 * (size_t)nb * S), *dmx = gu_upload(mx, 2 * (size_t)nb * S);
+	void *drot = gu_upload(rot, 2 * (size_t)dk * d);
+	struct gpu_seg segs[16];
+	memset(segs, 0, sizeof segs);
+	for (uint32_t s = 0; s < nseg; s++) {
+		segs[s].k_rot = drot;
+		segs[s].v_rot = drot;
+		segs[s].s_min = (const uint16_t *)dmn + (size_t)s * bps * S;
+		segs[s].s_max = (const uint16_t *)dmx + (size_t)s * bps * S;
+		segs[s].n = bps * b;
+		segs[s].b = b;
+		segs[s].n_blocks = bps;
+		segs[s].S = S;
+		segs[s].k_dk = segs[s].v_dk = dk;
+		segs[s].block0 = s * bps;
+	}
+	struct gpu_head hh;
+	memset(&hh, 0, sizeof hh);
+	hh.segs = gu_upload(segs, sizeof segs);
+	hh.nseg = nseg;
+	hh.n_blocks = nb;
+	hh.n_hist = (uint64_t)nb * b;
+	struct run r;
+	run_init(&r, &rng, 1, nq, d, 0.1);
+	run_args(&r, nseg, nb, 0, 16);
+	r.dheads = gu_upload(&hh, sizeof hh);
+	uint32_t budget = (uint32_t)ceil(0.1 * nb * b), want = (budget - b + b - 1) / b + 1;
+	cr_assert_eq(same_selection(&r, r.dheads, seed), want);
+	free(mn);
+	free(mx);
+	free(rot);
+	cudaFree(dmn);
+	cudaFree(dmx);
+	cudaFree(drot);
+	cudaFree((void *)hh.segs);
+	run_free(&r);
+}
+
+Test(gpu, select_many_ctas_1m) { many_ctas_1m(0); }
+Test(gpu, select_many_ctas_1m_all_ties) { many_ctas_1m(1); }
+
 /* With every block selected and r = d (no drop), PackedAttention equals
  * dense attention over the original tokens. */
 Test(gpu, packed_lossless_equals_dense)
