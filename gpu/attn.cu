@@ -322,6 +322,92 @@ __device__ __forceinline__ float bound_score(const float *qp, int ldq, const uin
 	return best;
 }
 
+/*
+ * bound_score with the query split by sign in shared memory: @qpm holds,
+ * per channel c, q⁺ = max(q, 0) at c·2P and q⁻ = min(q, 0) at c·2P + P.
+ * max(q·mn, q·mx) is the product with mx where q ≥ 0 and with mn where
+ * q < 0 (mn ≤ mx), so q⁻·mn + q⁺·mx — one of them an exact zero — is that
+ * product rounded once: the same score as bound_score in three
+ * instructions per channel and head instead of four.  Vector loads where
+ * S is a multiple of 8 and @mn, @mx are 16-byte aligned, else one by one.
+ */
+template <int NQ>
+__device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
+						const uint16_t *mx, uint32_t S,
+						const float *qperp = NULL, float rest = 0.0f)
+{
+	constexpr int P = NQP(NQ);
+	float acc[NQ];
+#pragma unroll
+	for (int h = 0; h < NQ; h++)
+		acc[h] = 0.0f;
+	const bool vec = (S & 7) == 0 && (((uintptr_t)mn | (uintptr_t)mx) & 15) == 0;
+	for (uint32_t c = 0; !vec && c < S; c++) {
+		float qp[NQ], qn[NQ], fa = bf1(mn[c]), fb = bf1(mx[c]);
+		loadq<NQ>(qpm + (size_t)c * 2 * P, qp);
+		loadq<NQ>(qpm + (size_t)c * 2 * P + P, qn);
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa, __fmul_rn(qp[h], fb)));
+	}
+	for (uint32_t c32 = 0; vec && c32 < S; c32 += 32) {
+		/* up to 8 loads in flight before the math */
+		uint4 a[4], b[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+			if (c32 + 8 * u < S) {
+				a[u] = __ldg((const uint4 *)(mn + c32 + 8 * u));
+				b[u] = __ldg((const uint4 *)(mx + c32 + 8 * u));
+			}
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			if (c32 + 8 * u >= S)
+				break;
+			float fa[8], fb[8];
+			unpack8(a[u], fa);
+			unpack8(b[u], fb);
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				float qp[NQ], qn[NQ];
+				const float *row = qpm + (size_t)(c32 + 8 * u + e) * 2 * P;
+				loadq<NQ>(row, qp);
+				loadq<NQ>(row + P, qn);
+#pragma unroll
+				for (int h = 0; h < NQ; h++)
+					acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa[e],
+									     __fmul_rn(qp[h], fb[e])));
+			}
+		}
+	}
+	if (qperp) {
+		float qv[NQ];
+		loadq<NQ>(qperp, qv);
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			acc[h] = __fadd_rn(acc[h], __fmul_rn(qv[h], rest));
+	}
+	float best = acc[0];
+#pragma unroll
+	for (int h = 1; h < NQ; h++)
+		best = fmaxf(best, acc[h]);
+	return best;
+}
+
+/* Stage @n channels of a query (@q: c·@ldq + h) split by sign into @qpm
+ * (bound_score_pm's layout).  All threads; no barrier. */
+template <int NQ>
+__device__ __forceinline__ void stage_qpm(float *qpm, const float *q, uint32_t n, uint32_t ldq,
+					  uint32_t hstride)
+{
+	constexpr int P = NQP(NQ);
+	for (uint32_t i = threadIdx.x; i < n * P; i += blockDim.x) {
+		uint32_t c = i / P, h = i % P;
+		float v = h < NQ ? q[(size_t)c * ldq + (size_t)h * hstride] : 0.0f;
+		qpm[(size_t)c * 2 * P + h] = fmaxf(v, 0.0f);
+		qpm[(size_t)c * 2 * P + P + h] = fminf(v, 0.0f);
+	}
+}
+
 /* Add block gb's weight to the context's key histograms: warp-aggregated
  * into shared memory (hi) and straight to global memory (lo).  All lanes
  * of the warp must call it. */
@@ -361,10 +447,25 @@ __global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, cha
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += blockDim.x)
 		sh_hi[i] = 0;
 	__syncthreads();
-	__shared__ uint32_t sh_si0;
-	if (threadIdx.x == 0)
-		sh_si0 = seg_of_block(H->segs, H->nseg, blockIdx.x * blockDim.x);
+	constexpr int P = NQP(NQ);
+	/* the query of the CTA's segment split by sign, when all its blocks
+	 * lie in one segment (the usual case) */
+	__shared__ float qpm[GPU_MAX_D * 2 * P];
+	__shared__ uint32_t sh_si0, sh_one;
+	if (threadIdx.x == 0) {
+		uint32_t b0 = blockIdx.x * blockDim.x, last = min(nb, b0 + blockDim.x) - 1;
+		uint32_t si0 = seg_of_block(H->segs, H->nseg, b0);
+		sh_si0 = si0;
+		sh_one = si0 + 1 >= H->nseg || H->segs[si0 + 1].block0 > last;
+	}
 	__syncthreads();
+	const bool one = sh_one;
+	if (one) {
+		const struct gpu_seg *sg = &H->segs[sh_si0];
+		stage_qpm<NQ>(qpm, WSP(float, L, qr, ws, blockIdx.y) + (size_t)sh_si0 * QR_ROWS * P,
+			      sg->S, P, 1);
+		__syncthreads();
+	}
 	uint32_t gb = blockIdx.x * blockDim.x + threadIdx.x;
 	bool valid = gb < nb;
 	float sc = 0.0f;
@@ -376,11 +477,16 @@ __global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, cha
 			si++;
 		const struct gpu_seg *sg = &H->segs[si];
 		uint32_t j = gb - sg->block0, S = sg->S;
-		constexpr int P = NQP(NQ);
 		const float *qp = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * QR_ROWS * P;
 		float rest = sg->s_rest ? bf1(sg->s_rest[j]) : 0.0f;
-		sc = bound_score<NQ>(qp, P, sg->s_min + (size_t)j * S, sg->s_max + (size_t)j * S, S,
-				     qp + (size_t)GPU_MAX_D * P, rest);
+		if (one)
+			sc = bound_score_pm<NQ>(qpm, sg->s_min + (size_t)j * S,
+						sg->s_max + (size_t)j * S, S,
+						qp + (size_t)GPU_MAX_D * P, rest);
+		else
+			sc = bound_score<NQ>(qp, P, sg->s_min + (size_t)j * S,
+					     sg->s_max + (size_t)j * S, S,
+					     qp + (size_t)GPU_MAX_D * P, rest);
 		w = min(sg->b, sg->n - j * sg->b);
 		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
 		WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
@@ -402,10 +508,9 @@ __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head
 	if (blockIdx.x * blockDim.x >= nb)
 		return;
 	constexpr int P = NQP(NQ);
-	__shared__ float qs[GPU_MAX_D * P];
-	const float *qh = q + (size_t)blockIdx.y * NQ * d;
-	for (uint32_t i = threadIdx.x; i < d * NQ; i += blockDim.x)
-		qs[(i % d) * P + i / d] = qh[i];
+	/* q split by sign (bound_score_pm, as PackedAttention's score) */
+	__shared__ float qpm[GPU_MAX_D * 2 * P];
+	stage_qpm<NQ>(qpm, q + (size_t)blockIdx.y * NQ * d, d, 1, d);
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += blockDim.x)
 		sh_hi[i] = 0;
 	__syncthreads();
@@ -414,7 +519,7 @@ __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head
 	float sc = 0.0f;
 	uint32_t w = 0;
 	if (valid) {
-		sc = bound_score<NQ>(qs, P, H->q_min + (size_t)gb * d, H->q_max + (size_t)gb * d, d);
+		sc = bound_score_pm<NQ>(qpm, H->q_min + (size_t)gb * d, H->q_max + (size_t)gb * d, d);
 		w = (uint32_t)min((uint64_t)qb, H->n - (uint64_t)gb * qb);
 		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
 		WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
@@ -1118,16 +1223,29 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	else if (tid == 0)
 		sm.tie_max = 0;
 	__syncthreads();
-	if (tid == 0) {
-		uint32_t t = 0;
-		for (uint32_t k = 0; k < gridDim.x; k++) {
-			X[SX_OFF + k] = t;
-			t += __ldcg(&X[SX_CNT + k]) + sm.wcnt[k];
+	/* list offsets: one warp, two CTAs a lane (MSEL_MAXC = 64), one round
+	 * of loads (a loop over the CTAs' counts was a chain of L2 loads) */
+	if (w == 0) {
+		uint32_t k0 = 2 * lane, k1 = k0 + 1, gx = gridDim.x;
+		uint32_t v0 = k0 < gx ? __ldcg(&X[SX_CNT + k0]) + sm.wcnt[k0] : 0;
+		uint32_t v1 = k1 < gx ? __ldcg(&X[SX_CNT + k1]) + sm.wcnt[k1] : 0;
+		uint32_t v = v0 + v1, x = v;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+			if (lane >= (uint32_t)o)
+				x += y;
 		}
-		X[SX_NSEL] = t;
-		X[SX_KSTAR] = kstar;
-		X[SX_TMAX] = sm.tie_max;
-		X[SX_SLOW] = 0;
+		if (k0 < gx)
+			X[SX_OFF + k0] = x - v;
+		if (k1 < gx)
+			X[SX_OFF + k1] = x - v + v0;
+		if (lane == 31) {
+			X[SX_NSEL] = x;
+			X[SX_KSTAR] = kstar;
+			X[SX_TMAX] = sm.tie_max;
+			X[SX_SLOW] = 0;
+		}
 	}
 }
 
