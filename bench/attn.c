@@ -15,8 +15,9 @@
  * q6_sc: ours and ours_q6 with GPU_ATTN_SCATTER (the per-value set-bit
  * scatter instead of the channel-major walk for g = 1 rows; for ours, r =
  * 32 of 96, both are the scatter: the walk needs r >= d_keep / 2).
- * os_1cta: ours' score+select stages (oscore) with the one-CTA select
- * (GPU_ATTN_SELECT_ONE_CTA), the version before the many-CTA select.
+ * os_1cta, os_many: ours' score+select stages (oscore) with the one-CTA
+ * and the many-CTA select forced (GPU_ATTN_SELECT_ONE_CTA / _MANY_CTAS);
+ * oscore uses the library's choice by shape.
  *
  * Data are synthetic (gpu_synth_*): timings depend on shapes and counts,
  * not on values; the kernels' correctness is the gpu test suite's job.
@@ -144,6 +145,12 @@ static int f_packed_ss1(const struct gpu_attn_args *a, const void *h, cudaStream
 {
 	struct gpu_attn_args b = *a;
 	b.flags |= GPU_ATTN_SELECT_ONE_CTA;
+	return gpu_score_select(&b, h, s);
+}
+static int f_packed_ssm(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SELECT_MANY_CTAS;
 	return gpu_score_select(&b, h, s);
 }
 static int f_quest(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
@@ -597,10 +604,10 @@ int main(int argc, char **argv)
 	RC(gpu_attn_ws_init(&amax, st));
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s | %9s %9s | %9s\n",
+	       "%9s | %9s %9s | %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
-	       "ours_q6", "ours_sc", "q6_sc", "os_1cta");
+	       "ours_q6", "ours_sc", "q6_sc", "os_1cta", "os_many");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
@@ -627,6 +634,7 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_p = capture(f_packed, &a, dheads);
 			cudaGraphExec_t g_ps = capture(f_packed_ss, &a, dheads);
 			cudaGraphExec_t g_ps1 = capture(f_packed_ss1, &a, dheads);
+			cudaGraphExec_t g_psm = capture(f_packed_ssm, &a, dheads);
 			cudaGraphExec_t g_pc = capture(f_packed_cc, &a, dheads);
 			cudaGraphExec_t g_psc = capture(f_packed_sc, &a, dheads);
 			cudaGraphExec_t g_q = capture(f_quest, &a, ddense);
@@ -636,6 +644,7 @@ int main(int argc, char **argv)
 			double t_q = time_graph(g_q, 1), t_qs = time_graph(g_qs, 1);
 			double t_d = time_graph(g_d, 1), t_pc = time_graph(g_pc, 1);
 			double t_psc = time_graph(g_psc, 1), t_ps1 = time_graph(g_ps1, 1);
+			double t_psm = time_graph(g_psm, 1);
 			/* the serving format's rows (same bytes, 2.5x the values) */
 			make_heads(&s, H, L, dsegs, dheads, ddense, 1);
 			cudaGraphExec_t g_pq = capture(f_packed, &a, dheads);
@@ -660,10 +669,10 @@ int main(int argc, char **argv)
 			double sd = sdpa_of(B, L);
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
-			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f\n",
+			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
-			       t_pqs, t_ps1);
+			       t_pqs, t_ps1, t_psm);
 			fflush(stdout);
 			if (B == 1 && L == 1048576) {
 				r_dense1m = t_d / t_p;
@@ -677,6 +686,7 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_p);
 			cudaGraphExecDestroy(g_ps);
 			cudaGraphExecDestroy(g_ps1);
+			cudaGraphExecDestroy(g_psm);
 			cudaGraphExecDestroy(g_pc);
 			cudaGraphExecDestroy(g_psc);
 			cudaGraphExecDestroy(g_q);
@@ -690,7 +700,8 @@ int main(int argc, char **argv)
 	       "dense / torch SDPA; bwfrac = bytes the packed step must read / time / device copy "
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_sc, q6_sc = ours, "
 	       "ours_q6 by the per-value set-bit scatter, GPU_ATTN_SCATTER; os_1cta = oscore with the "
-	       "one-CTA select, GPU_ATTN_SELECT_ONE_CTA)\n", RQ);
+	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
+	       "select forced)\n", RQ);
 
 	if (once)
 		return 0;

@@ -5,13 +5,16 @@
  * mkv_score_blocks, mkv_select_blocks, mkv_attend_packed, mkv_attend_dense,
  * mkv_attend_quest (mosaickv/attention.c).
  *
- * One step over H contexts (sequence × KV head) is five launches:
+ * One step over H contexts (sequence × KV head) is five or six launches
+ * (select is one launch, or two for few long contexts):
  *   qrot    q'_seg = R_k,seg q for every segment (R_k read once per step),
  *           and per query head qperp = sqrt(max(0, |q|² − |q'_{0..S-1}|²));
- *   score   one thread per block: Σ_c max(q'_c min_c, q'_c max_c) over the
- *           first S channels plus qperp · rest (the block's remainder
- *           bound), max over the group's query heads — the CPU's operation
- *           order, so equal q' give bitwise-equal scores;
+ *   score   Σ_c max(q'_c min_c, q'_c max_c) over the first S channels
+ *           plus qperp · rest (the block's remainder bound), max over the
+ *           group's query heads; for S = 8, 16, 32 one warp scores 32
+ *           blocks from coalesced summary rows (channel sums split over
+ *           lanes: the CPU's scores within rounding), else one thread per
+ *           block in the CPU's operation order;
  *   select  one CTA per context: weighted radix select (3 passes of 11/11/10
  *           bits over L2-resident scores, weights = tokens per block) for the
  *           cut-off key, ties to the lower block index, then an ordered
@@ -324,13 +327,25 @@ __device__ __forceinline__ float bound_score(const float *qp, int ldq, const uin
 
 /*
  * bound_score with the query split by sign in shared memory: @qpm holds,
- * per channel c, q⁺ = max(q, 0) at c·2P and q⁻ = min(q, 0) at c·2P + P.
+ * per channel c, q⁺ = max(q, 0) at qpm_row(c) and q⁻ = min(q, 0) P floats
+ * later.
  * max(q·mn, q·mx) is the product with mx where q ≥ 0 and with mn where
  * q < 0 (mn ≤ mx), so q⁻·mn + q⁺·mx — one of them an exact zero — is that
  * product rounded once: the same score as bound_score in three
  * instructions per channel and head instead of four.  Vector loads where
  * S is a multiple of 8 and @mn, @mx are 16-byte aligned, else one by one.
  */
+/* Row of channel c in a split query: q⁺ then q⁻ (P floats each), and 4
+ * floats of padding every 8 channels, so that the 4 lanes of
+ * score_warp_coal reading 4 different 8-channel groups hit different
+ * banks. */
+template <int NQ>
+__device__ __forceinline__ uint32_t qpm_row(uint32_t c)
+{
+	return c * 2 * NQP(NQ) + (c / 8) * 4;
+}
+#define QPM_FLOATS(P) (GPU_MAX_D * 2 * (P) + GPU_MAX_D / 2)
+
 template <int NQ>
 __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
 						const uint16_t *mx, uint32_t S,
@@ -344,8 +359,8 @@ __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t
 	const bool vec = (S & 7) == 0 && (((uintptr_t)mn | (uintptr_t)mx) & 15) == 0;
 	for (uint32_t c = 0; !vec && c < S; c++) {
 		float qp[NQ], qn[NQ], fa = bf1(mn[c]), fb = bf1(mx[c]);
-		loadq<NQ>(qpm + (size_t)c * 2 * P, qp);
-		loadq<NQ>(qpm + (size_t)c * 2 * P + P, qn);
+		loadq<NQ>(qpm + qpm_row<NQ>(c), qp);
+		loadq<NQ>(qpm + qpm_row<NQ>(c) + P, qn);
 #pragma unroll
 		for (int h = 0; h < NQ; h++)
 			acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa, __fmul_rn(qp[h], fb)));
@@ -369,7 +384,7 @@ __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t
 #pragma unroll
 			for (int e = 0; e < 8; e++) {
 				float qp[NQ], qn[NQ];
-				const float *row = qpm + (size_t)(c32 + 8 * u + e) * 2 * P;
+				const float *row = qpm + qpm_row<NQ>(c32 + 8 * u + e);
 				loadq<NQ>(row, qp);
 				loadq<NQ>(row + P, qn);
 #pragma unroll
@@ -394,7 +409,7 @@ __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t
 }
 
 /* Stage @n channels of a query (@q: c·@ldq + h) split by sign into @qpm
- * (bound_score_pm's layout).  All threads; no barrier. */
+ * (qpm_row's layout).  All threads; no barrier. */
 template <int NQ>
 __device__ __forceinline__ void stage_qpm(float *qpm, const float *q, uint32_t n, uint32_t ldq,
 					  uint32_t hstride)
@@ -403,9 +418,92 @@ __device__ __forceinline__ void stage_qpm(float *qpm, const float *q, uint32_t n
 	for (uint32_t i = threadIdx.x; i < n * P; i += blockDim.x) {
 		uint32_t c = i / P, h = i % P;
 		float v = h < NQ ? q[(size_t)c * ldq + (size_t)h * hstride] : 0.0f;
-		qpm[(size_t)c * 2 * P + h] = fmaxf(v, 0.0f);
-		qpm[(size_t)c * 2 * P + P + h] = fminf(v, 0.0f);
+		qpm[qpm_row<NQ>(c) + h] = fmaxf(v, 0.0f);
+		qpm[qpm_row<NQ>(c) + P + h] = fminf(v, 0.0f);
 	}
+}
+
+/*
+ * Scores of 32 consecutive blocks of one segment by one warp, reading the
+ * summaries coalesced: @cpr = S / 8 (1, 2 or 4) 16-byte pieces per row;
+ * lane l loads pieces l + 32k (k < cpr) of the warp's rows, i.e. channels
+ * 8 (l % cpr) .. + 8 of blocks l / cpr + 32k / cpr, sums them, and the
+ * cpr lanes of a block add their partial sums (xor shuffles).  Returns
+ * the score of block *@jo (local index l / cpr + (32 / cpr)(l % cpr): each
+ * block once), 0 past @nrow rows.  The channel sums are split in cpr
+ * parts, so scores may differ from the CPU's sequential sum in the last
+ * bits (the tests allow 1e-5).
+ */
+template <int NQ>
+__device__ __forceinline__ float score_warp_coal(const float *qpm, const uint16_t *mn,
+						 const uint16_t *mx, const uint16_t *rest_row,
+						 const float *qperp, uint32_t cpr, uint32_t nrow,
+						 uint32_t *jo)
+{
+	uint32_t lane = threadIdx.x & 31, ch = lane & (cpr - 1);
+	float acc[4][NQ];
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint4 a = make_uint4(0, 0, 0, 0), b = a;
+		uint32_t m = lane + 32 * k, blk = m / cpr;
+		if ((uint32_t)k < cpr && blk < nrow) {
+			a = __ldg((const uint4 *)mn + m);
+			b = __ldg((const uint4 *)mx + m);
+		}
+		float fa[8], fb[8];
+		unpack8(a, fa);
+		unpack8(b, fb);
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			acc[k][h] = 0.0f;
+		if ((uint32_t)k >= cpr)
+			continue;
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			float qp[NQ], qn[NQ];
+			const float *row = qpm + qpm_row<NQ>(ch * 8 + e);
+			loadq<NQ>(row, qp);
+			loadq<NQ>(row + NQP(NQ), qn);
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				acc[k][h] = __fadd_rn(acc[k][h],
+						      __fmaf_rn(qn[h], fa[e], __fmul_rn(qp[h], fb[e])));
+		}
+	}
+	for (uint32_t o = 1; o < cpr; o <<= 1)
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				acc[k][h] = __fadd_rn(acc[k][h],
+						      __shfl_xor_sync(0xffffffffu, acc[k][h], o));
+	/* this lane's block: piece k = l % cpr */
+	float s[NQ];
+#pragma unroll
+	for (int h = 0; h < NQ; h++)
+		s[h] = acc[0][h];
+#pragma unroll
+	for (int k = 1; k < 4; k++)
+		if ((uint32_t)k == ch)
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				s[h] = acc[k][h];
+	uint32_t j = lane / cpr + (32 / cpr) * ch;
+	*jo = j;
+	if (j >= nrow)
+		return 0.0f;
+	if (qperp) {
+		float qv[NQ], rest = rest_row ? bf1(rest_row[j]) : 0.0f;
+		loadq<NQ>(qperp, qv);
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			s[h] = __fadd_rn(s[h], __fmul_rn(qv[h], rest));
+	}
+	float best = s[0];
+#pragma unroll
+	for (int h = 1; h < NQ; h++)
+		best = fmaxf(best, s[h]);
+	return best;
 }
 
 /* Add block gb's weight to the context's key histograms: warp-aggregated
@@ -450,7 +548,7 @@ __global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, cha
 	constexpr int P = NQP(NQ);
 	/* the query of the CTA's segment split by sign, when all its blocks
 	 * lie in one segment (the usual case) */
-	__shared__ float qpm[GPU_MAX_D * 2 * P];
+	__shared__ __align__(16) float qpm[QPM_FLOATS(P)];
 	__shared__ uint32_t sh_si0, sh_one;
 	if (threadIdx.x == 0) {
 		uint32_t b0 = blockIdx.x * blockDim.x, last = min(nb, b0 + blockDim.x) - 1;
@@ -470,7 +568,26 @@ __global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, cha
 	bool valid = gb < nb;
 	float sc = 0.0f;
 	uint32_t w = 0;
-	if (valid) {
+	const struct gpu_seg *sg0 = &H->segs[sh_si0];
+	const uint32_t cpr = sg0->S / 8;
+	if (one && (sg0->S == 8 || sg0->S == 16 || sg0->S == 32) &&
+	    (((uintptr_t)sg0->s_min | (uintptr_t)sg0->s_max) & 15) == 0) {
+		/* one warp, 32 blocks, coalesced summary rows */
+		uint32_t gw = blockIdx.x * blockDim.x + (threadIdx.x & ~31u), jw = gw - sg0->block0;
+		uint32_t nrow = gw < nb ? min(32u, nb - gw) : 0, j;
+		const float *qp = WSP(float, L, qr, ws, blockIdx.y) + (size_t)sh_si0 * QR_ROWS * P;
+		sc = score_warp_coal<NQ>(qpm, sg0->s_min + (size_t)jw * sg0->S,
+					 sg0->s_max + (size_t)jw * sg0->S,
+					 sg0->s_rest ? sg0->s_rest + jw : NULL,
+					 qp + (size_t)GPU_MAX_D * P, cpr, nrow, &j);
+		gb = gw + j;
+		valid = j < nrow;
+		if (valid) {
+			w = min(sg0->b, sg0->n - (jw + j) * sg0->b);
+			WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
+			WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
+		}
+	} else if (valid) {
 		/* usually the CTA's first segment; else walk forward */
 		uint32_t si = sh_si0;
 		while (si + 1 < H->nseg && H->segs[si + 1].block0 <= gb)
@@ -509,7 +626,7 @@ __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head
 		return;
 	constexpr int P = NQP(NQ);
 	/* q split by sign (bound_score_pm, as PackedAttention's score) */
-	__shared__ float qpm[GPU_MAX_D * 2 * P];
+	__shared__ __align__(16) float qpm[QPM_FLOATS(P)];
 	stage_qpm<NQ>(qpm, q + (size_t)blockIdx.y * NQ * d, d, 1, d);
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += blockDim.x)
 		sh_hi[i] = 0;
@@ -1130,8 +1247,8 @@ __global__ void __launch_bounds__(SEL_T) k_select_quest(const struct gpu_dense_h
 }
 
 /* ------------------------------------------------------------------ */
-/* select over many CTAs per context (the default; k_select above is   */
-/* kept to compare: GPU_ATTN_SELECT_ONE_CTA).                          */
+/* select over many CTAs per context (for few, long contexts; see     */
+/* msel_grid).                                                          */
 /*
  * One CTA per context left ~47 µs at 1M tokens on the H200 (ncu, eight
  * CTAs of 1024 threads on eight SMs, 13.7 cycles per issue: every pass
@@ -3322,11 +3439,21 @@ static float scale2_of(const struct gpu_attn_args *a)
  * each of a CTA's 32 warps scans a whole number of 32-block rows), about
  * two CTAs per SM over all contexts, at most MSEL_MAXC per context.
  */
-static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx)
+static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, int *many)
 {
 	int dev = 0, nsm = 0;
 	GPU_CK(cudaGetDevice(&dev));
 	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	/* H200, bench/attn (os_1cta against os_many): many CTAs won only at
+	 * 1M tokens and 8 contexts (-10 µs), tied at 256K, lost at 32K
+	 * (+5 µs: the extra launch and the last-CTA steps) and with 64
+	 * contexts, where one CTA per context already spreads the work. */
+	if (a->flags & GPU_ATTN_SELECT_MANY_CTAS)
+		*many = 1;
+	else if (a->flags & GPU_ATTN_SELECT_ONE_CTA)
+		*many = 0;
+	else
+		*many = (uint64_t)a->n_heads * 8 <= (uint64_t)nsm && a->max_blocks >= 32768;
 	uint64_t nb = a->max_blocks ? a->max_blocks : 1, ctas = 2 * (uint64_t)(nsm > 0 ? nsm : 1);
 	uint64_t per = (nb * a->n_heads + ctas - 1) / ctas;
 	uint64_t least = (nb + MSEL_MAXC - 1) / MSEL_MAXC;
@@ -3351,7 +3478,11 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		k_score<NQ><<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(heads, ws, L);
 		GPU_CKL();
 	}
-	if (a->flags & GPU_ATTN_SELECT_ONE_CTA) {
+	uint32_t R, gx;
+	int many, rc = msel_grid(a, &R, &gx, &many);
+	if (rc)
+		return rc;
+	if (!many) {
 		GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					    (int)sizeof(struct sel_smem)));
 		k_select<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(heads, a->token_frac,
@@ -3359,10 +3490,6 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		GPU_CKL();
 		return 0;
 	}
-	uint32_t R, gx;
-	int rc = msel_grid(a, &R, &gx);
-	if (rc)
-		return rc;
 	GPU_CK(cudaFuncSetAttribute(k_msel_count, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)sizeof(struct sel_smem)));
 	k_msel_count<<<dim3(gx, a->n_heads), SEL_T, sizeof(struct sel_smem), s>>>(
@@ -3459,7 +3586,11 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 		k_score_quest<NQ><<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(
 			heads, a->q, a->d, a->quest_b, ws, L);
 		GPU_CKL();
-		if (a->flags & GPU_ATTN_SELECT_ONE_CTA) {
+		uint32_t R, gx;
+		int many, rc = msel_grid(a, &R, &gx, &many);
+		if (rc)
+			return rc;
+		if (!many) {
 			GPU_CK(cudaFuncSetAttribute(k_select_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)sizeof(struct sel_smem)));
@@ -3467,10 +3598,6 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 				heads, a->quest_b, a->token_frac, ws, L);
 			GPU_CKL();
 		} else {
-			uint32_t R, gx;
-			int rc = msel_grid(a, &R, &gx);
-			if (rc)
-				return rc;
 			GPU_CK(cudaFuncSetAttribute(k_msel_count_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)sizeof(struct sel_smem)));

@@ -130,10 +130,12 @@ struct gpu_attn_args {
  * version before the channel-major walk; kept to compare) also where both
  * halves have g == 1. */
 #define GPU_ATTN_SCATTER 2u
-/* Block selection by one CTA per context (the version before the
- * many-CTA select; kept to compare: same selection, slower at long
- * contexts). */
+/* Block selection by one CTA per context, or by many CTAs per context:
+ * the same selection either way.  Neither flag: chosen by shape (many
+ * CTAs only for few contexts of long histories, where they measured
+ * faster on the H200; gpu/NOTES.md). */
 #define GPU_ATTN_SELECT_ONE_CTA 4u
+#define GPU_ATTN_SELECT_MANY_CTAS 8u
 
 /* Bytes of scratch a call with these maxima needs (packed, quest or dense;
  * for dense, max_blocks counts tokens / quest_b). */

@@ -497,7 +497,7 @@ static void sel_fetch(const struct run *r, uint32_t h, struct sel_out *o)
 }
 
 /*
- * The many-CTA select (default) and the one-CTA select make the same
+ * The many-CTA select and the one-CTA select make the same
  * selection and chunk list, bit for bit, on a freshly poisoned scratch
  * each time.  Returns the heads' total selected count.
  */
@@ -507,7 +507,7 @@ static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed)
 	uint64_t total = 0;
 	for (int pass = 0; pass < 2; pass++) {
 		GU_CK(cudaMemset(r->ws, 0xff, r->a.ws_bytes));
-		r->a.flags = pass ? GPU_ATTN_SELECT_ONE_CTA : 0;
+		r->a.flags = pass ? GPU_ATTN_SELECT_ONE_CTA : GPU_ATTN_SELECT_MANY_CTAS;
 		cr_assert_eq(gpu_score_select(&r->a, dheads, 0), 0);
 		GU_CK(cudaDeviceSynchronize());
 		for (uint32_t h = 0; h < r->H; h++)
