@@ -9,12 +9,10 @@
  * (select is one launch, or two for few long contexts):
  *   qrot    q'_seg = R_k,seg q for every segment (R_k read once per step),
  *           and per query head qperp = sqrt(max(0, |q|² − |q'_{0..S-1}|²));
- *   score   Σ_c max(q'_c min_c, q'_c max_c) over the first S channels
- *           plus qperp · rest (the block's remainder bound), max over the
- *           group's query heads; for S = 8, 16, 32 one warp scores 32
- *           blocks from coalesced summary rows (channel sums split over
- *           lanes: the CPU's scores within rounding), else one thread per
- *           block in the CPU's operation order;
+ *   score   one thread per block: Σ_c max(q'_c min_c, q'_c max_c) over the
+ *           first S channels plus qperp · rest (the block's remainder
+ *           bound), max over the group's query heads — the CPU's operation
+ *           order and rounded products, so equal q' give equal scores;
  *   select  one CTA per context: weighted radix select (3 passes of 11/11/10
  *           bits over L2-resident scores, weights = tokens per block) for the
  *           cut-off key, ties to the lower block index, then an ordered
@@ -325,6 +323,15 @@ __device__ __forceinline__ float bound_score(const float *qp, int ldq, const uin
 	return best;
 }
 
+/* Row of channel c in a split query: q⁺ then q⁻, P floats each (all
+ * lanes read the same row: broadcasts). */
+template <int NQ>
+__device__ __forceinline__ uint32_t qpm_row(uint32_t c)
+{
+	return c * 2 * NQP(NQ);
+}
+#define QPM_FLOATS(P) (GPU_MAX_D * 2 * (P))
+
 /*
  * bound_score with the query split by sign in shared memory: @qpm holds,
  * per channel c, q⁺ = max(q, 0) at qpm_row(c) and q⁻ = min(q, 0) P floats
@@ -335,17 +342,6 @@ __device__ __forceinline__ float bound_score(const float *qp, int ldq, const uin
  * instructions per channel and head instead of four.  Vector loads where
  * S is a multiple of 8 and @mn, @mx are 16-byte aligned, else one by one.
  */
-/* Row of channel c in a split query: q⁺ then q⁻ (P floats each), and 4
- * floats of padding every 8 channels, so that the 4 lanes of
- * score_warp_coal reading 4 different 8-channel groups hit different
- * banks. */
-template <int NQ>
-__device__ __forceinline__ uint32_t qpm_row(uint32_t c)
-{
-	return c * 2 * NQP(NQ) + (c / 8) * 4;
-}
-#define QPM_FLOATS(P) (GPU_MAX_D * 2 * (P) + GPU_MAX_D / 2)
-
 template <int NQ>
 __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
 						const uint16_t *mx, uint32_t S,
@@ -423,89 +419,6 @@ __device__ __forceinline__ void stage_qpm(float *qpm, const float *q, uint32_t n
 	}
 }
 
-/*
- * Scores of 32 consecutive blocks of one segment by one warp, reading the
- * summaries coalesced: @cpr = S / 8 (1, 2 or 4) 16-byte pieces per row;
- * lane l loads pieces l + 32k (k < cpr) of the warp's rows, i.e. channels
- * 8 (l % cpr) .. + 8 of blocks l / cpr + 32k / cpr, sums them, and the
- * cpr lanes of a block add their partial sums (xor shuffles).  Returns
- * the score of block *@jo (local index l / cpr + (32 / cpr)(l % cpr): each
- * block once), 0 past @nrow rows.  The channel sums are split in cpr
- * parts, so scores may differ from the CPU's sequential sum in the last
- * bits (the tests allow 1e-5).
- */
-template <int NQ>
-__device__ __forceinline__ float score_warp_coal(const float *qpm, const uint16_t *mn,
-						 const uint16_t *mx, const uint16_t *rest_row,
-						 const float *qperp, uint32_t cpr, uint32_t nrow,
-						 uint32_t *jo)
-{
-	uint32_t lane = threadIdx.x & 31, ch = lane & (cpr - 1);
-	float acc[4][NQ];
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		uint4 a = make_uint4(0, 0, 0, 0), b = a;
-		uint32_t m = lane + 32 * k, blk = m / cpr;
-		if ((uint32_t)k < cpr && blk < nrow) {
-			a = __ldg((const uint4 *)mn + m);
-			b = __ldg((const uint4 *)mx + m);
-		}
-		float fa[8], fb[8];
-		unpack8(a, fa);
-		unpack8(b, fb);
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			acc[k][h] = 0.0f;
-		if ((uint32_t)k >= cpr)
-			continue;
-#pragma unroll
-		for (int e = 0; e < 8; e++) {
-			float qp[NQ], qn[NQ];
-			const float *row = qpm + qpm_row<NQ>(ch * 8 + e);
-			loadq<NQ>(row, qp);
-			loadq<NQ>(row + NQP(NQ), qn);
-#pragma unroll
-			for (int h = 0; h < NQ; h++)
-				acc[k][h] = __fadd_rn(acc[k][h],
-						      __fmaf_rn(qn[h], fa[e], __fmul_rn(qp[h], fb[e])));
-		}
-	}
-	for (uint32_t o = 1; o < cpr; o <<= 1)
-#pragma unroll
-		for (int k = 0; k < 4; k++)
-#pragma unroll
-			for (int h = 0; h < NQ; h++)
-				acc[k][h] = __fadd_rn(acc[k][h],
-						      __shfl_xor_sync(0xffffffffu, acc[k][h], o));
-	/* this lane's block: piece k = l % cpr */
-	float s[NQ];
-#pragma unroll
-	for (int h = 0; h < NQ; h++)
-		s[h] = acc[0][h];
-#pragma unroll
-	for (int k = 1; k < 4; k++)
-		if ((uint32_t)k == ch)
-#pragma unroll
-			for (int h = 0; h < NQ; h++)
-				s[h] = acc[k][h];
-	uint32_t j = lane / cpr + (32 / cpr) * ch;
-	*jo = j;
-	if (j >= nrow)
-		return 0.0f;
-	if (qperp) {
-		float qv[NQ], rest = rest_row ? bf1(rest_row[j]) : 0.0f;
-		loadq<NQ>(qperp, qv);
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			s[h] = __fadd_rn(s[h], __fmul_rn(qv[h], rest));
-	}
-	float best = s[0];
-#pragma unroll
-	for (int h = 1; h < NQ; h++)
-		best = fmaxf(best, s[h]);
-	return best;
-}
-
 /* Add block gb's weight to the context's key histograms: warp-aggregated
  * into shared memory (hi) and straight to global memory (lo).  All lanes
  * of the warp must call it. */
@@ -568,26 +481,7 @@ __global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, cha
 	bool valid = gb < nb;
 	float sc = 0.0f;
 	uint32_t w = 0;
-	const struct gpu_seg *sg0 = &H->segs[sh_si0];
-	const uint32_t cpr = sg0->S / 8;
-	if (one && (sg0->S == 8 || sg0->S == 16 || sg0->S == 32) &&
-	    (((uintptr_t)sg0->s_min | (uintptr_t)sg0->s_max) & 15) == 0) {
-		/* one warp, 32 blocks, coalesced summary rows */
-		uint32_t gw = blockIdx.x * blockDim.x + (threadIdx.x & ~31u), jw = gw - sg0->block0;
-		uint32_t nrow = gw < nb ? min(32u, nb - gw) : 0, j;
-		const float *qp = WSP(float, L, qr, ws, blockIdx.y) + (size_t)sh_si0 * QR_ROWS * P;
-		sc = score_warp_coal<NQ>(qpm, sg0->s_min + (size_t)jw * sg0->S,
-					 sg0->s_max + (size_t)jw * sg0->S,
-					 sg0->s_rest ? sg0->s_rest + jw : NULL,
-					 qp + (size_t)GPU_MAX_D * P, cpr, nrow, &j);
-		gb = gw + j;
-		valid = j < nrow;
-		if (valid) {
-			w = min(sg0->b, sg0->n - (jw + j) * sg0->b);
-			WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
-			WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
-		}
-	} else if (valid) {
+	if (valid) {
 		/* usually the CTA's first segment; else walk forward */
 		uint32_t si = sh_si0;
 		while (si + 1 < H->nseg && H->segs[si + 1].block0 <= gb)
