@@ -2260,7 +2260,7 @@ struct tcstate {
 	float acc[16][2];   /* O' fragment per 8-channel tile (rows 0..7) */
 };
 
-template <int NQ, int D>
+template <int NQ>
 __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, int nt,
 				       const uint32_t (&qa)[8][2], struct tc_warp_tiles &T,
 				       tcstate<NQ> &st)
@@ -2312,16 +2312,18 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 	__syncwarp();
 	/* S = Q' K̂ᵀ: two 8-token tiles */
 	float s[2][2];
+	uint32_t nks = (sg.k_dk + 15) >> 4;
 #pragma unroll
 	for (int n = 0; n < 2; n++) {
 		s[n][0] = s[n][1] = 0.0f;
 		const __half *row = T.k + (n * 8 + g) * TK_LD + 2 * tig;
 #pragma unroll
-		for (int ks = 0; ks < D / 16; ks++) {
-			uint32_t b0 = *(const uint32_t *)(row + ks * 16);
-			uint32_t b1 = *(const uint32_t *)(row + ks * 16 + 8);
-			mma16816_top(s[n][0], s[n][1], qa[ks][0], qa[ks][1], b0, b1);
-		}
+		for (int ks = 0; ks < 8; ks++)
+			if ((uint32_t)ks < nks) {
+				uint32_t b0 = *(const uint32_t *)(row + ks * 16);
+				uint32_t b1 = *(const uint32_t *)(row + ks * 16 + 8);
+				mma16816_top(s[n][0], s[n][1], qa[ks][0], qa[ks][1], b0, b1);
+			}
 	}
 	/* lane holds head g, tokens 2tig, 2tig+1 (n = 0) and 8 + 2tig, 9 + 2tig */
 	float x0 = 2 * tig < nt ? s[0][0] : -INFINITY;
@@ -2336,17 +2338,19 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 	st.m = mn;
 	float p0 = exp2f(x0 - mn), p1 = exp2f(x1 - mn), p2 = exp2f(x2 - mn), p3 = exp2f(x3 - mn);
 	st.l = st.l * al + (p0 + p1 + p2 + p3);
+	uint32_t nnt = (sg.v_dk + 7) >> 3;
 	const __half *vrow = T.v + g * TV_LD + 2 * tig;
 	uint32_t pa0 = h2pack(p0, p1), pa2 = h2pack(p2, p3);
 	/* O' = O' al + P V̂ */
 #pragma unroll
-	for (int n = 0; n < D / 8; n++) {
-		st.acc[n][0] *= al;
-		st.acc[n][1] *= al;
-		uint32_t b0 = *(const uint32_t *)(vrow + n * 8 * TV_LD);
-		uint32_t b1 = *(const uint32_t *)(vrow + n * 8 * TV_LD + 8);
-		mma16816_top(st.acc[n][0], st.acc[n][1], pa0, pa2, b0, b1);
-	}
+	for (int n = 0; n < 16; n++)
+		if ((uint32_t)n < nnt) {
+			st.acc[n][0] *= al;
+			st.acc[n][1] *= al;
+			uint32_t b0 = *(const uint32_t *)(vrow + n * 8 * TV_LD);
+			uint32_t b1 = *(const uint32_t *)(vrow + n * 8 * TV_LD + 8);
+			mma16816_top(st.acc[n][0], st.acc[n][1], pa0, pa2, b0, b1);
+		}
 	__syncwarp();
 }
 
@@ -2570,14 +2574,17 @@ static __device__ __noinline__ void tc_cta(const struct gpu_seg *sgp, const uint
 #pragma unroll
 	for (int n = 0; n < 16; n++)
 		st.acc[n][0] = st.acc[n][1] = 0.0f;
-	/* K̂ columns at and past the segment's d_keep (up to D) are never
-	 * written, and the products read all D / 16 k-steps (no per-step
-	 * guard: guarded, the mma chains compiled to predicated copies):
+	/* The walk's products read all D / 16 k-steps of K̂ (no per-step
+	 * guard: guarded, the mma chains compiled to predicated HMMAs with
+	 * register copies); its columns at and past d_keep are never written:
 	 * zero them once.  V̂ columns past v_dk only feed accumulators that
-	 * are never read. */
-	for (uint32_t i = lane; i < 16 * TK_LD / 8; i += 32)
-		((uint4 *)sm.t[w].k)[i] = make_uint4(0, 0, 0, 0);
-	__syncwarp();
+	 * are never read.  (The scatter keeps its guards: unguarded, it
+	 * spilled 96 bytes at D = 128 and ran 3 % slower.) */
+	if constexpr (WALK) {
+		for (uint32_t i = lane; i < 16 * TK_LD / 8; i += 32)
+			((uint4 *)sm.t[w].k)[i] = make_uint4(0, 0, 0, 0);
+		__syncwarp();
+	}
 	if (w < cnt)
 		prefetch_block(sg, list ? list[w] - sg.block0 : base_blk + w);
 	for (uint32_t i = w; i < cnt; i += 4) {
@@ -2589,7 +2596,7 @@ static __device__ __noinline__ void tc_cta(const struct gpu_seg *sgp, const uint
 			if constexpr (WALK)
 				tc_sub_g1<NQ, D>(sg, t, (int)min(16u, t1 - t), sm.qf, sm.t[w], st);
 			else
-				tc_sub<NQ, D>(sg, t, (int)min(16u, t1 - t), qa, sm.t[w], st);
+				tc_sub<NQ>(sg, t, (int)min(16u, t1 - t), qa, sm.t[w], st);
 		}
 	}
 	/* ---- merge the warps, rotate back once, write the partial ---- */
