@@ -248,81 +248,6 @@ __device__ __forceinline__ uint32_t seg_of_block(const struct gpu_seg *segs, uin
 	return lo;
 }
 
-/* @qperp (NQ floats, may be NULL: Quest) times @rest is added per head. */
-template <int NQ>
-__device__ __forceinline__ float bound_score(const float *qp, int ldq, const uint16_t *mn,
-					     const uint16_t *mx, uint32_t S,
-					     const float *qperp = NULL, float rest = 0.0f)
-{
-	float acc[NQ];
-#pragma unroll
-	for (int h = 0; h < NQ; h++)
-		acc[h] = 0.0f;
-	if ((S & 31) == 0 && ((uintptr_t)mn & 15) == 0 && ((uintptr_t)mx & 15) == 0) {
-		/* 32 channels at a time: all 8 loads in flight before the math */
-		for (uint32_t c32 = 0; c32 < S; c32 += 32) {
-			uint4 a[4], b[4];
-#pragma unroll
-			for (int u = 0; u < 4; u++) {
-				a[u] = __ldg((const uint4 *)(mn + c32 + 8 * u));
-				b[u] = __ldg((const uint4 *)(mx + c32 + 8 * u));
-			}
-#pragma unroll
-			for (int u = 0; u < 4; u++) {
-				float fa[8], fb[8];
-				unpack8(a[u], fa);
-				unpack8(b[u], fb);
-#pragma unroll
-				for (int e = 0; e < 8; e++) {
-					float qv[NQ];
-					loadq<NQ>(qp + (size_t)(c32 + 8 * u + e) * ldq, qv);
-#pragma unroll
-					for (int h = 0; h < NQ; h++)
-						acc[h] = __fadd_rn(acc[h], fmaxf(__fmul_rn(qv[h], fa[e]),
-										 __fmul_rn(qv[h], fb[e])));
-				}
-			}
-		}
-	} else if ((S & 7) == 0 && ((uintptr_t)mn & 15) == 0 && ((uintptr_t)mx & 15) == 0) {
-		for (uint32_t c0 = 0; c0 < S; c0 += 8) {
-			uint4 a = *(const uint4 *)(mn + c0), b = *(const uint4 *)(mx + c0);
-			float fa[8], fb[8];
-			unpack8(a, fa);
-			unpack8(b, fb);
-#pragma unroll
-			for (int e = 0; e < 8; e++) {
-				float qv[NQ];
-				loadq<NQ>(qp + (size_t)(c0 + e) * ldq, qv);
-#pragma unroll
-				for (int h = 0; h < NQ; h++)
-					acc[h] = __fadd_rn(acc[h], fmaxf(__fmul_rn(qv[h], fa[e]),
-									 __fmul_rn(qv[h], fb[e])));
-			}
-		}
-	} else {
-		for (uint32_t c = 0; c < S; c++) {
-			float qv[NQ];
-			loadq<NQ>(qp + (size_t)c * ldq, qv);
-			float a = bf1(mn[c]), b = bf1(mx[c]);
-#pragma unroll
-			for (int h = 0; h < NQ; h++)
-				acc[h] = __fadd_rn(acc[h], fmaxf(__fmul_rn(qv[h], a), __fmul_rn(qv[h], b)));
-		}
-	}
-	if (qperp) {
-		float qv[NQ];
-		loadq<NQ>(qperp, qv);
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			acc[h] = __fadd_rn(acc[h], __fmul_rn(qv[h], rest));
-	}
-	float best = acc[0];
-#pragma unroll
-	for (int h = 1; h < NQ; h++)
-		best = fmaxf(best, acc[h]);
-	return best;
-}
-
 /* Row of channel c in a split query: q⁺ then q⁻, P floats each (all
  * lanes read the same row: broadcasts). */
 template <int NQ>
@@ -332,22 +257,44 @@ __device__ __forceinline__ uint32_t qpm_row(uint32_t c)
 }
 #define QPM_FLOATS(P) (GPU_MAX_D * 2 * (P))
 
+/* q⁺ and q⁻ of channel c: from a split query in shared memory (SPLIT), or
+ * split here from a plain one (rows of NQP floats). */
+template <int NQ, bool SPLIT>
+__device__ __forceinline__ void load_pm(const float *q, uint32_t c, float (&qp)[NQ],
+					float (&qn)[NQ])
+{
+	if constexpr (SPLIT) {
+		loadq<NQ>(q + qpm_row<NQ>(c), qp);
+		loadq<NQ>(q + qpm_row<NQ>(c) + NQP(NQ), qn);
+	} else {
+		float v[NQ];
+		loadq<NQ>(q + (size_t)c * NQP(NQ), v);
+#pragma unroll
+		for (int h = 0; h < NQ; h++) {
+			qp[h] = fmaxf(v[h], 0.0f);
+			qn[h] = fminf(v[h], 0.0f);
+		}
+	}
+}
+
 /*
- * bound_score with the query split by sign in shared memory: @qpm holds,
- * per channel c, q⁺ = max(q, 0) at qpm_row(c) and q⁻ = min(q, 0) P floats
- * later.
+ * A block's score: Σ_c max(q_c mn_c, q_c mx_c) over S channels, plus
+ * @qperp (NQ floats, may be NULL: Quest) times @rest, max over the heads.
+ * The query split by sign: SPLIT, @qpm holds per channel c q⁺ = max(q, 0)
+ * at qpm_row(c) and q⁻ = min(q, 0) P floats later; else @qpm is the plain
+ * query (rows of P floats), split as it is read.
  * max(q·mn, q·mx) is the product with mx where q ≥ 0 and with mn where
  * q < 0 (mn ≤ mx), so q⁻·mn + q⁺·mx — one of them an exact zero — is that
- * product rounded once: the same score as bound_score in three
- * instructions per channel and head instead of four.  Vector loads where
- * S is a multiple of 8 and @mn, @mx are 16-byte aligned, else one by one.
+ * product rounded once: the CPU's score (which takes the max of both
+ * products) in three instructions per channel and head instead of four.
+ * Vector loads where S is a multiple of 8 and @mn, @mx are 16-byte
+ * aligned, else one by one.
  */
-template <int NQ>
+template <int NQ, bool SPLIT = true>
 __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
 						const uint16_t *mx, uint32_t S,
 						const float *qperp = NULL, float rest = 0.0f)
 {
-	constexpr int P = NQP(NQ);
 	float acc[NQ];
 #pragma unroll
 	for (int h = 0; h < NQ; h++)
@@ -355,8 +302,7 @@ __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t
 	const bool vec = (S & 7) == 0 && (((uintptr_t)mn | (uintptr_t)mx) & 15) == 0;
 	for (uint32_t c = 0; !vec && c < S; c++) {
 		float qp[NQ], qn[NQ], fa = bf1(mn[c]), fb = bf1(mx[c]);
-		loadq<NQ>(qpm + qpm_row<NQ>(c), qp);
-		loadq<NQ>(qpm + qpm_row<NQ>(c) + P, qn);
+		load_pm<NQ, SPLIT>(qpm, c, qp, qn);
 #pragma unroll
 		for (int h = 0; h < NQ; h++)
 			acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa, __fmul_rn(qp[h], fb)));
@@ -380,9 +326,7 @@ __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t
 #pragma unroll
 			for (int e = 0; e < 8; e++) {
 				float qp[NQ], qn[NQ];
-				const float *row = qpm + qpm_row<NQ>(c32 + 8 * u + e);
-				loadq<NQ>(row, qp);
-				loadq<NQ>(row + P, qn);
+				load_pm<NQ, SPLIT>(qpm, c32 + 8 * u + e, qp, qn);
 #pragma unroll
 				for (int h = 0; h < NQ; h++)
 					acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa[e],
@@ -494,10 +438,10 @@ __global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, cha
 			sc = bound_score_pm<NQ>(qpm, sg->s_min + (size_t)j * S,
 						sg->s_max + (size_t)j * S, S,
 						qp + (size_t)GPU_MAX_D * P, rest);
-		else
-			sc = bound_score<NQ>(qp, P, sg->s_min + (size_t)j * S,
-					     sg->s_max + (size_t)j * S, S,
-					     qp + (size_t)GPU_MAX_D * P, rest);
+		else /* the CTA spans segments: the query split here */
+			sc = bound_score_pm<NQ, false>(qp, sg->s_min + (size_t)j * S,
+						       sg->s_max + (size_t)j * S, S,
+						       qp + (size_t)GPU_MAX_D * P, rest);
 		w = min(sg->b, sg->n - j * sg->b);
 		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
 		WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
@@ -738,13 +682,7 @@ __device__ void build_chunks(const struct sel_src &src, uint32_t nsel, char *ws,
 		scan_sh[w] = cnt;
 	__syncthreads();
 	if (w == 0) {
-		uint32_t v = scan_sh[lane], x = v;
-#pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-			if (lane >= (uint32_t)o)
-				x += y;
-		}
+		uint32_t v = scan_sh[lane], x = warp_incl_scan(v);
 		scan_sh[lane] = x - v;
 		if (lane == 31)
 			scan_sh[32] = x;
@@ -826,13 +764,7 @@ __device__ uint32_t sel_cut16(const uint32_t *ghist, uint64_t need, int *modep,
 			above = sm.abv;
 			__syncthreads();
 			if (w == 0) {
-				uint32_t v = ghist[HIST_HI + (d1 << 5) + 31 - lane], x = v;
-#pragma unroll
-				for (int o = 1; o < 32; o <<= 1) {
-					uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-					if (lane >= (uint32_t)o)
-						x += y;
-				}
+				uint32_t v = ghist[HIST_HI + (d1 << 5) + 31 - lane], x = warp_incl_scan(v);
 				if (above + x - v < need && above + x >= need) {
 					sm.digit = 31 - lane;
 					sm.abv = x - v;
@@ -968,38 +900,15 @@ __device__ __forceinline__ bool sel_take(uint32_t i, uint32_t k, uint32_t kstar,
 	return i == 0 || k > kstar || (k == kstar && tmax && i <= tmax);
 }
 
-/* Blocks of [@r0, @r1) selected, counted by one warp (every lane). */
-__device__ uint32_t sel_count_warp(const float *scores, uint32_t r0, uint32_t r1, uint32_t kstar,
-				   uint32_t tmax)
-{
-	uint32_t lane = threadIdx.x & 31, cnt = 0;
-	for (uint32_t b0 = r0; b0 < r1; b0 += 32 * SEL_U) {
-		float sc[SEL_U];
-#pragma unroll
-		for (int u = 0; u < SEL_U; u++) {
-			uint32_t i = b0 + u * 32 + lane;
-			sc[u] = i < r1 ? scores[i] : 0.0f;
-		}
-#pragma unroll
-		for (int u = 0; u < SEL_U; u++) {
-			uint32_t i = b0 + u * 32 + lane;
-			cnt += i < r1 && sel_take(i, fkey(sc[u]), kstar, tmax);
-		}
-	}
-#pragma unroll
-	for (int o = 16; o > 0; o >>= 1)
-		cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-	return cnt;
-}
-
 /* Write pass of one warp over [@r0, @r1) from list position @pos: the
- * selected ids, their segments and chunk keys, in block order. */
-__device__ void sel_write_warp(const struct sel_src &src, const float *scores, uint32_t r0,
-			       uint32_t r1, uint32_t kstar, uint32_t tmax, uint32_t pos,
-			       uint32_t *sel, uint32_t *selseg, uint32_t *selkey)
+ * selected ids, their segments and chunk keys, in block order (@sel NULL:
+ * count only).  Returns (every lane) the number selected. */
+__device__ uint32_t sel_write_warp(const struct sel_src &src, const float *scores, uint32_t r0,
+				   uint32_t r1, uint32_t kstar, uint32_t tmax, uint32_t pos,
+				   uint32_t *sel, uint32_t *selseg, uint32_t *selkey)
 {
-	uint32_t lane = threadIdx.x & 31, si = 0;
-	if (src.segs && r0 + lane < r1) {
+	uint32_t lane = threadIdx.x & 31, si = 0, pos0 = pos;
+	if (sel && src.segs && r0 + lane < r1) {
 		uint32_t lo = 0, hi = src.nseg - 1, i = r0 + lane;
 		while (lo < hi) {
 			uint32_t mid = (lo + hi + 1) >> 1;
@@ -1023,7 +932,7 @@ __device__ void sel_write_warp(const struct sel_src &src, const float *scores, u
 			uint32_t i = b0 + u * 32 + lane;
 			bool take = i < r1 && sel_take(i, fkey(sc[u]), kstar, tmax);
 			uint32_t bal = __ballot_sync(0xffffffffu, take);
-			if (take) {
+			if (take && sel) {
 				while (src.segs && si + 1 < src.nseg && src.segs[si + 1].block0 <= i) {
 					si++;
 					blk0 = src.segs[si].block0;
@@ -1036,6 +945,7 @@ __device__ void sel_write_warp(const struct sel_src &src, const float *scores, u
 			pos += __popc(bal);
 		}
 	}
+	return pos - pos0;
 }
 
 /*
@@ -1075,13 +985,7 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 	uint32_t kstar = sel_exact(nc, prefix16, mode, need, above, R, sm);
 	__syncthreads();
 	if (w == 0) {
-		uint32_t v = sm.wcnt[lane], x = v;
-#pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-			if (lane >= (uint32_t)o)
-				x += y;
-		}
+		uint32_t v = sm.wcnt[lane], x = warp_incl_scan(v);
 		sm.woff[lane] = x - v;
 		if (lane == 31)
 			sm.ncand = x; /* reused: the total */
@@ -1240,13 +1144,7 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 		uint32_t k0 = 2 * lane, k1 = k0 + 1, gx = gridDim.x;
 		uint32_t v0 = k0 < gx ? __ldcg(&X[SX_CNT + k0]) + sm.wcnt[k0] : 0;
 		uint32_t v1 = k1 < gx ? __ldcg(&X[SX_CNT + k1]) + sm.wcnt[k1] : 0;
-		uint32_t v = v0 + v1, x = v;
-#pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-			if (lane >= (uint32_t)o)
-				x += y;
-		}
+		uint32_t v = v0 + v1, x = warp_incl_scan(v);
 		if (k0 < gx)
 			X[SX_OFF + k0] = x - v;
 		if (k1 < gx)
@@ -1272,18 +1170,12 @@ __device__ void msel_write(const struct sel_src src, char *ws, const struct ws_l
 	const float *scores = WSP(float, L, scores, ws, h);
 	if (!X[SX_SLOW] && r0 < r1) { /* uniform over the CTA */
 		uint32_t kstar = X[SX_KSTAR], tmax = X[SX_TMAX];
-		uint32_t n = sel_count_warp(scores, w0, w1, kstar, tmax);
+		uint32_t n = sel_write_warp(src, scores, w0, w1, kstar, tmax, 0, NULL, NULL, NULL);
 		if (lane == 0)
 			wc[w] = n;
 		__syncthreads();
 		if (w == 0) {
-			uint32_t v = wc[lane], x = v;
-#pragma unroll
-			for (int o = 1; o < 32; o <<= 1) {
-				uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
-				if (lane >= (uint32_t)o)
-					x += y;
-			}
+			uint32_t v = wc[lane], x = warp_incl_scan(v);
 			wc[lane] = x - v;
 		}
 		__syncthreads();

@@ -91,6 +91,19 @@ __device__ __forceinline__ float warp_max(float v)
 	return v;
 }
 
+/* Inclusive prefix sum over the warp's lanes (all 32 lanes call it). */
+__device__ __forceinline__ uint32_t warp_incl_scan(uint32_t v)
+{
+	uint32_t lane = threadIdx.x & 31;
+#pragma unroll
+	for (int o = 1; o < 32; o <<= 1) {
+		uint32_t y = __shfl_up_sync(0xffffffffu, v, o);
+		if (lane >= (uint32_t)o)
+			v += y;
+	}
+	return v;
+}
+
 /* Block-wide exclusive scan of one uint32 per thread (blockDim.x a multiple
  * of 32, at most 1024).  @sh: 33 words of shared memory.  Returns the
  * exclusive prefix; *total gets the block sum.  Contains barriers. */

@@ -378,6 +378,67 @@ Test(gpu, select_many_blocks) { check_select(128, 4, 0.1, 8, 20000); }
 Test(gpu, select_d64_nq2) { check_select(64, 2, 0.37, 16, 900); }
 Test(gpu, select_tiny_budget) { check_select(128, 1, 0.001, 32, 1000); }
 
+/* One context of 65,536 blocks of 16 (1M tokens) in 16 segments: random
+ * bf16 summaries (min <= max), or all equal; identity key rotation. */
+struct synth1m {
+	uint32_t nb, b, S, d, nq, dk, nseg;
+	uint16_t *mn, *mx, *rot;
+	void *dmn, *dmx, *drot;
+	struct gpu_head hh;
+};
+
+static void synth1m_build(struct synth1m *m, struct gu_rng *rng, int all_equal)
+{
+	memset(m, 0, sizeof *m);
+	m->nb = 65536, m->b = 16, m->S = 32, m->d = 128, m->nq = 4, m->dk = 96, m->nseg = 16;
+	const uint32_t nb = m->nb, S = m->S, bps = nb / m->nseg;
+	m->mn = malloc(2 * (size_t)nb * S);
+	m->mx = malloc(2 * (size_t)nb * S);
+	for (size_t i = 0; i < (size_t)nb * S; i++) {
+		float a = all_equal ? 0.25f : (float)gu_normal(rng);
+		float z = all_equal ? 0.5f : a + (float)fabs(gu_normal(rng));
+		m->mn[i] = gu_bf16(a);
+		m->mx[i] = gu_bf16(z);
+		if (gu_f32(m->mx[i]) < gu_f32(m->mn[i]))
+			m->mx[i] = m->mn[i];
+	}
+	m->rot = calloc((size_t)m->dk * m->d, 2);
+	for (uint32_t i = 0; i < m->dk; i++)
+		m->rot[(size_t)i * m->d + i] = gu_bf16(1.0f);
+	m->dmn = gu_upload(m->mn, 2 * (size_t)nb * S);
+	m->dmx = gu_upload(m->mx, 2 * (size_t)nb * S);
+	m->drot = gu_upload(m->rot, 2 * (size_t)m->dk * m->d);
+	struct gpu_seg segs[16];
+	memset(segs, 0, sizeof segs);
+	for (uint32_t s = 0; s < m->nseg; s++) {
+		segs[s].k_rot = m->drot;
+		segs[s].v_rot = m->drot;
+		segs[s].s_min = (const uint16_t *)m->dmn + (size_t)s * bps * S;
+		segs[s].s_max = (const uint16_t *)m->dmx + (size_t)s * bps * S;
+		segs[s].n = bps * m->b;
+		segs[s].b = m->b;
+		segs[s].n_blocks = bps;
+		segs[s].S = S;
+		segs[s].k_dk = segs[s].v_dk = m->dk;
+		segs[s].block0 = s * bps;
+	}
+	m->hh.segs = gu_upload(segs, sizeof segs);
+	m->hh.nseg = m->nseg;
+	m->hh.n_blocks = nb;
+	m->hh.n_hist = (uint64_t)nb * m->b;
+}
+
+static void synth1m_free(struct synth1m *m)
+{
+	free(m->mn);
+	free(m->mx);
+	free(m->rot);
+	cudaFree(m->dmn);
+	cudaFree(m->dmx);
+	cudaFree(m->drot);
+	cudaFree((void *)m->hh.segs);
+}
+
 /* 65,536 blocks of 16 in one context (1M tokens): synthetic summaries
  * with uploaded scores checked against a CPU sort. */
 Test(gpu, select_1m_tokens)
@@ -386,46 +447,14 @@ Test(gpu, select_1m_tokens)
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
-	const uint32_t nb = 65536, b = 16, S = 32, d = 128, nq = 4, dk = 96;
-	/* one segment of 65,536 tokens can hold 4096 blocks: 16 segments */
-	const uint32_t nseg = 16, bps = nb / nseg;
-	uint16_t *mn = malloc(2 * (size_t)nb * S), *mx = malloc(2 * (size_t)nb * S);
-	for (size_t i = 0; i < (size_t)nb * S; i++) {
-		float a = (float)gu_normal(&rng), z = a + (float)fabs(gu_normal(&rng));
-		mn[i] = gu_bf16(a);
-		mx[i] = gu_bf16(z);
-		if (gu_f32(mx[i]) < gu_f32(mn[i]))
-			mx[i] = mn[i];
-	}
-	uint16_t *rot = calloc((size_t)dk * d, 2);
-	for (uint32_t i = 0; i < dk; i++)
-		rot[(size_t)i * d + i] = gu_bf16(1.0f);
-	void *dmn = gu_upload(mn, 2 * (size_t)nb * S), *dmx = gu_upload(mx, 2 * (size_t)nb * S);
-	void *drot = gu_upload(rot, 2 * (size_t)dk * d);
-	struct gpu_seg segs[16];
-	memset(segs, 0, sizeof segs);
-	for (uint32_t s = 0; s < nseg; s++) {
-		segs[s].k_rot = drot;
-		segs[s].v_rot = drot;
-		segs[s].s_min = (const uint16_t *)dmn + (size_t)s * bps * S;
-		segs[s].s_max = (const uint16_t *)dmx + (size_t)s * bps * S;
-		segs[s].n = bps * b;
-		segs[s].b = b;
-		segs[s].n_blocks = bps;
-		segs[s].S = S;
-		segs[s].k_dk = segs[s].v_dk = dk;
-		segs[s].block0 = s * bps;
-	}
-	struct gpu_head hh;
-	memset(&hh, 0, sizeof hh);
-	hh.segs = gu_upload(segs, sizeof segs);
-	hh.nseg = nseg;
-	hh.n_blocks = nb;
-	hh.n_hist = (uint64_t)nb * b;
+	struct synth1m m;
+	synth1m_build(&m, &rng, 0);
+	const uint32_t nb = m.nb, b = m.b, S = m.S, d = m.d, nq = m.nq, nseg = m.nseg;
+	const uint16_t *mn = m.mn, *mx = m.mx;
 	struct run r;
 	run_init(&r, &rng, 1, nq, d, 0.1);
 	run_args(&r, nseg, nb, 0, 16);
-	r.dheads = gu_upload(&hh, sizeof hh);
+	r.dheads = gu_upload(&m.hh, sizeof m.hh);
 	cr_assert_eq(gpu_score_select(&r.a, r.dheads, 0), 0);
 	GU_CK(cudaDeviceSynchronize());
 	float *gs = malloc(4 * (size_t)nb);
@@ -469,13 +498,7 @@ Test(gpu, select_1m_tokens)
 	free(in);
 	free(gs);
 	free(gsel);
-	free(mn);
-	free(mx);
-	free(rot);
-	cudaFree(dmn);
-	cudaFree(dmx);
-	cudaFree(drot);
-	cudaFree((void *)hh.segs);
+	synth1m_free(&m);
 	run_free(&r);
 }
 
@@ -577,53 +600,16 @@ static void many_ctas_1m(int all_equal)
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
-	const uint32_t nb = 65536, b = 16, S = 32, d = 128, nq = 4, dk = 96, nseg = 16;
-	const uint32_t bps = nb / nseg;
-	uint16_t *mn = malloc(2 * (size_t)nb * S), *mx = malloc(2 * (size_t)nb * S);
-	for (size_t i = 0; i < (size_t)nb * S; i++) {
-		float a = all_equal ? 0.25f : (float)gu_normal(&rng);
-		float z = all_equal ? 0.5f : a + (float)fabs(gu_normal(&rng));
-		mn[i] = gu_bf16(a);
-		mx[i] = gu_bf16(z);
-	}
-	uint16_t *rot = calloc((size_t)dk * d, 2);
-	for (uint32_t i = 0; i < dk; i++)
-		rot[(size_t)i * d + i] = gu_bf16(1.0f);
-	void *dmn = gu_upload(mn, 2 * (size_t)nb * S), *dmx = gu_upload(mx, 2 * (size_t)nb * S);
-	void *drot = gu_upload(rot, 2 * (size_t)dk * d);
-	struct gpu_seg segs[16];
-	memset(segs, 0, sizeof segs);
-	for (uint32_t s = 0; s < nseg; s++) {
-		segs[s].k_rot = drot;
-		segs[s].v_rot = drot;
-		segs[s].s_min = (const uint16_t *)dmn + (size_t)s * bps * S;
-		segs[s].s_max = (const uint16_t *)dmx + (size_t)s * bps * S;
-		segs[s].n = bps * b;
-		segs[s].b = b;
-		segs[s].n_blocks = bps;
-		segs[s].S = S;
-		segs[s].k_dk = segs[s].v_dk = dk;
-		segs[s].block0 = s * bps;
-	}
-	struct gpu_head hh;
-	memset(&hh, 0, sizeof hh);
-	hh.segs = gu_upload(segs, sizeof segs);
-	hh.nseg = nseg;
-	hh.n_blocks = nb;
-	hh.n_hist = (uint64_t)nb * b;
+	struct synth1m m;
+	synth1m_build(&m, &rng, all_equal);
 	struct run r;
-	run_init(&r, &rng, 1, nq, d, 0.1);
-	run_args(&r, nseg, nb, 0, 16);
-	r.dheads = gu_upload(&hh, sizeof hh);
-	uint32_t budget = (uint32_t)ceil(0.1 * nb * b), want = (budget - b + b - 1) / b + 1;
+	run_init(&r, &rng, 1, m.nq, m.d, 0.1);
+	run_args(&r, m.nseg, m.nb, 0, 16);
+	r.dheads = gu_upload(&m.hh, sizeof m.hh);
+	uint32_t budget = (uint32_t)ceil(0.1 * m.nb * m.b);
+	uint32_t want = (budget - m.b + m.b - 1) / m.b + 1;
 	cr_assert_eq(same_selection(&r, r.dheads, seed), want);
-	free(mn);
-	free(mx);
-	free(rot);
-	cudaFree(dmn);
-	cudaFree(dmx);
-	cudaFree(drot);
-	cudaFree((void *)hh.segs);
+	synth1m_free(&m);
 	run_free(&r);
 }
 
