@@ -720,9 +720,17 @@ static unsigned nvme_put_more(void *arg, unsigned ready, int *last)
 	else
 		rv.s = NULL;
 	while (j->next < j->items && bytes < NVME_BATCH_BYTES) {
-		unsigned i = j->next++;
+		unsigned i = j->next;
 		int64_t fl;
 
+		/* lz4 frames come out shorter than their bounds, so the
+		 * bytes can run short of the batch with the reservation full:
+		 * the next frame starts the next submission (and its own
+		 * reservation) rather than landing elsewhere alone */
+		if (rv.s && k > ready && !j->rcs[i] &&
+		    rv.end - rv.off < segfile_bound(j->m[i].len))
+			break;
+		j->next++;
 		if (j->rcs[i])
 			continue;
 		fl = nvme_encode_one(j->n, &j->m[i], j->src[i],
