@@ -329,6 +329,21 @@ Test(nvme, putv_getv_batched)
 	tu_rmtree(dir);
 }
 
+/* A batched get through ring @e: asserts its return is @want_rc and
+ * returns the read ops it issued. */
+static uint64_t getv_ops(struct tier *t, struct uring_engine *e, struct tier_obj **o,
+			 void **dst, const size_t *cap, unsigned n, int64_t *res, int want_rc)
+{
+	struct tier_io io = { .ring = e };
+	struct uring_engine_stats st0, st1;
+
+	uring_engine_get_stats(e, &st0);
+	cr_assert_eq(tier_getv(t, &io, o, dst, cap, n, res), want_rc);
+	uring_engine_get_stats(e, &st1);
+	cr_assert_eq(st1.retries - st0.retries, 0);
+	return st1.ops - st0.ops;
+}
+
 /*
  * A batched get reads frames that lie next to each other on disk with one
  * op (up to 4 MiB), in any order asked: the op count is what the frames'
@@ -350,7 +365,6 @@ Test(nvme, getv_merges_adjacent_frames)
 	int64_t res[N];
 	struct disk_frame f[N + 1];
 	struct uring_engine *e;
-	struct uring_engine_stats st0, st1;
 
 	tu_mkdtemp(dir, sizeof dir);
 	struct tier *t = nvme(dir, (size_t)64 << 20, 0);
@@ -414,12 +428,8 @@ Test(nvme, getv_merges_adjacent_frames)
 	}
 	cr_assert_lt(want_ops, N - 1, "the frames were laid out apart");
 
-	uring_engine_get_stats(e, &st0);
 	/* the first failure in the caller's order: frame 9 asked at k = 6 */
-	cr_assert_eq(tier_getv(t, &io, ask, dst, cap, N, res), -MKV_ECORRUPT);
-	uring_engine_get_stats(e, &st1);
-	cr_assert_eq(st1.ops - st0.ops, want_ops);
-	cr_assert_eq(st1.retries - st0.retries, 0);
+	cr_assert_eq(getv_ops(t, e, ask, dst, cap, N, res, -MKV_ECORRUPT), want_ops);
 	for (int k = 0; k < N; k++) {
 		int i = perm[k];
 
@@ -463,7 +473,6 @@ Test(nvme, putv_places_a_batch_together)
 	int rcs[H];
 	int64_t res[B];
 	struct uring_engine *e;
-	struct uring_engine_stats st0, st1;
 
 	tu_mkdtemp(dir, sizeof dir);
 	struct tier *t = nvme(dir, (size_t)64 << 20, 0);
@@ -505,10 +514,7 @@ Test(nvme, putv_places_a_batch_together)
 		nb++;
 	}
 	cr_assert_eq(nb, B);
-	uring_engine_get_stats(e, &st0);
-	cr_assert_eq(tier_getv(t, &io, ob, dst, cap, B, res), 0);
-	uring_engine_get_stats(e, &st1);
-	cr_assert_eq(st1.ops - st0.ops, 1);
+	cr_assert_eq(getv_ops(t, e, ob, dst, cap, B, res, 0), 1);
 	for (int i = 0; i < B; i++) {
 		cr_assert_eq(res[i], SZ);
 		cr_assert_eq(memcmp(back[i], q[i], SZ), 0);
@@ -547,7 +553,6 @@ Test(nvme, putv_lz4_batch_stays_together)
 	int rcs[N];
 	int64_t res[N];
 	struct uring_engine *e;
-	struct uring_engine_stats st0, st1;
 
 	tu_mkdtemp(dir, sizeof dir);
 	struct tier *t = nvme(dir, (size_t)64 << 20, 1);
@@ -573,11 +578,8 @@ Test(nvme, putv_lz4_batch_stays_together)
 	cr_assert_lt(tier_used(t), (size_t)N * segfile_bound(SZ) * 3 / 4);
 	cr_assert_gt(tier_used(t), (size_t)2 << 20);
 	cr_assert_lt(tier_used(t), (size_t)4 << 20);
-	uring_engine_get_stats(e, &st0);
-	cr_assert_eq(tier_getv(t, &io, o, dst, cap, N, res), 0);
-	uring_engine_get_stats(e, &st1);
-	cr_assert_eq(st1.ops - st0.ops, 1, "%llu read ops",
-		     (unsigned long long)(st1.ops - st0.ops));
+	uint64_t ops = getv_ops(t, e, o, dst, cap, N, res, 0);
+	cr_assert_eq(ops, 1, "%llu read ops", (unsigned long long)ops);
 	for (int i = 0; i < N; i++) {
 		cr_assert_eq(res[i], SZ);
 		cr_assert_eq(memcmp(back[i], p[i], SZ), 0);
