@@ -896,6 +896,11 @@ static int64_t nvme_decode(const struct nvme_obj *o, const void *buf,
  * queue depth 128 by 15-20 % on the H200 machine). */
 #define NVME_READ_MERGE ((size_t)4 << 20)
 
+struct nvme_place {
+	const struct nvme_obj *o;
+	unsigned i;
+};
+
 struct nvme_getjob {
 	struct nvme_obj *const *o;
 	void *const *dst;
@@ -904,8 +909,8 @@ struct nvme_getjob {
 	char *bounce;
 	const size_t *boff;
 	const struct uring_op *ops;
-	const unsigned *order;   /* items by place on disk */
-	const unsigned *op_first; /* op k reads order[op_first[k]..op_first[k+1]) */
+	const struct nvme_place *by; /* items by place on disk */
+	const unsigned *op_first; /* op k reads by[op_first[k]..op_first[k+1]) */
 };
 
 /* An op has landed: verify and unpack its frames while the others fly.  A
@@ -917,7 +922,7 @@ static void nvme_get_done(void *arg, unsigned k)
 	size_t at = 0;
 
 	for (unsigned q = j->op_first[k]; q < j->op_first[k + 1]; q++) {
-		unsigned i = j->order[q];
+		unsigned i = j->by[q].i;
 		size_t fl = j->o[i]->frame_len;
 
 		if (got < 0)
@@ -930,11 +935,6 @@ static void nvme_get_done(void *arg, unsigned k)
 		at += fl;
 	}
 }
-
-struct nvme_place {
-	const struct nvme_obj *o;
-	unsigned i;
-};
 
 static int place_cmp(const void *a, const void *b)
 {
@@ -958,14 +958,13 @@ static int nvme_getv(struct tier *t, struct tier_io *io, struct tier_obj **ob,
 	struct nvme_obj **o = calloc(cnt, sizeof *o);
 	struct nvme_place *by = calloc(cnt, sizeof *by);
 	struct uring_op *ops = calloc(cnt, sizeof *ops);
-	unsigned *order = calloc(cnt, sizeof *order);
 	unsigned *op_first = calloc(cnt + 1, sizeof *op_first);
 	size_t *boff = calloc(cnt, sizeof *boff);
 	unsigned nops = 0, nq = 0;
 	struct nvme_ctx c;
 	int first = 0, rc;
 
-	if (!o || !by || !ops || !order || !op_first || !boff) {
+	if (!o || !by || !ops || !op_first || !boff) {
 		rc = -ENOMEM;
 		goto fail_all;
 	}
@@ -979,14 +978,12 @@ static int nvme_getv(struct tier *t, struct tier_io *io, struct tier_obj **ob,
 		total += o[i]->frame_len;
 	}
 	qsort(by, nq, sizeof *by, place_cmp);
-	for (unsigned q = 0; q < nq; q++)
-		order[q] = by[q].i;
 	rc = nvme_begin(&c, nv, io, total);
 	if (rc)
 		goto fail_all;
 	total = 0;
 	for (unsigned q = 0; q < nq; q++) {
-		unsigned i = order[q];
+		unsigned i = by[q].i;
 		struct uring_op *cur = nops ? &ops[nops - 1] : NULL;
 
 		boff[i] = total;
@@ -1006,14 +1003,14 @@ static int nvme_getv(struct tier *t, struct tier_io *io, struct tier_obj **ob,
 	{
 		struct nvme_getjob j = { .o = o, .dst = dst, .cap = cap,
 			.res = res, .bounce = c.bounce, .boff = boff,
-			.ops = ops, .order = order, .op_first = op_first };
+			.ops = ops, .by = by, .op_first = op_first };
 		struct uring_hooks h = { .done = nvme_get_done, .arg = &j };
 		unsigned ran = 0;
 
 		rc = uring_engine_run_hooks(c.ring, ops, nops, &h, &ran);
 		if (ran == 0 && nops) /* refused whole: no done() ran */
 			for (unsigned q = 0; q < nq; q++)
-				res[order[q]] = rc;
+				res[by[q].i] = rc;
 	}
 	nvme_end(&c);
 	for (unsigned i = 0; i < n; i++)
@@ -1028,7 +1025,6 @@ out:
 	free(o);
 	free(by);
 	free(ops);
-	free(order);
 	free(op_first);
 	free(boff);
 	return first;
