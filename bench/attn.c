@@ -11,10 +11,11 @@
  * One more column, ours_q6: the same step over the serving format's rows,
  * r = 80 values of 6 bits + a bf16 scale per vector (64 bytes a row on
  * the device, the bytes of the bf16 r = 32 rows: 2.5x the values to
- * decode), with the blocks' remainder bounds in the scores.  ours_sc and
- * q6_sc: ours and ours_q6 with GPU_ATTN_SCATTER (the per-value set-bit
- * scatter instead of the channel-major walk for g = 1 rows; for ours, r =
- * 32 of 96, both are the scatter: the walk needs r >= d_keep / 2).
+ * decode), with the blocks' remainder bounds in the scores.  ours_w and
+ * q6_w: ours and ours_q6 with GPU_ATTN_WALK, the kernel before the staged
+ * path (sub-blocks loaded from global memory by the lanes that decode them;
+ * the per-value scatter for ours, r = 32 of 96, and the channel-major walk
+ * for ours_q6).
  * os_1cta, os_many: ours' score+select stages (oscore) with the one-CTA
  * and the many-CTA select forced (GPU_ATTN_SELECT_ONE_CTA / _MANY_CTAS);
  * oscore uses the library's choice by shape.
@@ -131,10 +132,10 @@ static int f_packed_cc(const struct gpu_attn_args *a, const void *h, cudaStream_
 	b.flags |= GPU_ATTN_CUDA_CORES;
 	return gpu_attend_packed(&b, h, s);
 }
-static int f_packed_sc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+static int f_packed_w(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SCATTER;
+	b.flags |= GPU_ATTN_WALK;
 	return gpu_attend_packed(&b, h, s);
 }
 static int f_packed_ss(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
@@ -607,7 +608,7 @@ int main(int argc, char **argv)
 	       "%9s | %9s %9s | %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
-	       "ours_q6", "ours_sc", "q6_sc", "os_1cta", "os_many");
+	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
@@ -636,7 +637,7 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_ps1 = capture(f_packed_ss1, &a, dheads);
 			cudaGraphExec_t g_psm = capture(f_packed_ssm, &a, dheads);
 			cudaGraphExec_t g_pc = capture(f_packed_cc, &a, dheads);
-			cudaGraphExec_t g_psc = capture(f_packed_sc, &a, dheads);
+			cudaGraphExec_t g_psc = capture(f_packed_w, &a, dheads);
 			cudaGraphExec_t g_q = capture(f_quest, &a, ddense);
 			cudaGraphExec_t g_qs = capture(f_quest_ss, &a, ddense);
 			cudaGraphExec_t g_d = capture(f_dense, &a, ddense);
@@ -648,7 +649,7 @@ int main(int argc, char **argv)
 			/* the serving format's rows (same bytes, 2.5x the values) */
 			make_heads(&s, H, L, dsegs, dheads, ddense, 1);
 			cudaGraphExec_t g_pq = capture(f_packed, &a, dheads);
-			cudaGraphExec_t g_pqs = capture(f_packed_sc, &a, dheads);
+			cudaGraphExec_t g_pqs = capture(f_packed_w, &a, dheads);
 			double t_pq = time_graph(g_pq, 1), t_pqs = time_graph(g_pqs, 1);
 			cudaGraphExecDestroy(g_pq);
 			cudaGraphExecDestroy(g_pqs);
@@ -698,8 +699,8 @@ int main(int argc, char **argv)
 	       "cores only; oscore / qscore = score+select stages alone; x_dense = dense/ours, "
 	       "x_sdpa = torch SDPA/ours, x_quest = quest/ours, x_score = qscore/oscore; d/sdpa = our "
 	       "dense / torch SDPA; bwfrac = bytes the packed step must read / time / device copy "
-	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_sc, q6_sc = ours, "
-	       "ours_q6 by the per-value set-bit scatter, GPU_ATTN_SCATTER; os_1cta = oscore with the "
+	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
+	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
 	       "select forced)\n", RQ);
 

@@ -1513,11 +1513,12 @@ struct pstate {
  * where the bf16 path decodes 8-value chunks, so the halves split a row
  * the same way.
  */
+template <bool SHARED = false>
 __device__ __forceinline__ uint64_t qgroup(const uint32_t *row, uint32_t w, uint32_t m)
 {
 	uint32_t byte = 2 + w * m, wi = byte >> 2, sh = (byte & 3) * 8;
-	uint32_t a = __ldg(row + wi), b = __ldg(row + wi + 1);
-	uint32_t c = sh + 8 * w > 64 ? __ldg(row + wi + 2) : 0u;
+	uint32_t a = SHARED ? row[wi] : __ldg(row + wi), b = SHARED ? row[wi + 1] : __ldg(row + wi + 1);
+	uint32_t c = sh + 8 * w > 64 ? (SHARED ? row[wi + 2] : __ldg(row + wi + 2)) : 0u;
 	return ((uint64_t)__funnelshift_r(b, c, sh) << 32) | __funnelshift_r(a, b, sh);
 }
 
@@ -2282,8 +2283,9 @@ __device__ __forceinline__ uint4 bf8_to_h8(uint4 u)
 			  h2pack(x[6], x[7]));
 }
 
-/* Group m's 8 fields (w bits each, in x from bit 0) as field × scale. */
-template <int WC>
+/* Group m's 8 fields (w bits each, in x from bit 0) as field × scale, or
+ * (MUL false) as the signed integers they store (exact in fp16). */
+template <int WC, bool MUL = true>
 __device__ __forceinline__ uint4 q8_to_h8(uint64_t x, uint32_t wr, __half2 s2)
 {
 	const uint32_t w = WC ? (uint32_t)WC : wr, mask = (1u << w) - 1u;
@@ -2296,7 +2298,9 @@ __device__ __forceinline__ uint4 q8_to_h8(uint64_t x, uint32_t wr, __half2 s2)
 		uint32_t u0 = (uint32_t)(x >> (2 * e * w)) & mask;
 		uint32_t u1 = (uint32_t)(x >> ((2 * e + 1) * w)) & mask;
 		uint32_t pr = 0x64006400u | u0 | (u1 << 16);
-		__half2 h = __hmul2(__hsub2(*(const __half2 *)&pr, bias), s2);
+		__half2 h = __hsub2(*(const __half2 *)&pr, bias);
+		if (MUL)
+			h = __hmul2(h, s2);
 		o[e] = *(uint32_t *)&h;
 	}
 	return make_uint4(o[0], o[1], o[2], o[3]);
@@ -2442,6 +2446,476 @@ __device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0,
 }
 
 /*
+ * The end of a tensor-core CTA: the warps' accumulators (sacc, [warp][head]
+ * rows of GPU_MAX_D) and softmax states (sml, [warp][head] × (m, l)) are in
+ * shared memory; merge them, rotate back by R_v once (staged through @rv)
+ * and write the CTA's partial.  Starts with a barrier.
+ */
+template <int NQ, int D>
+static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const float *sacc,
+						 const float *sml, uint16_t *rv, float *orot,
+						 float *po, float *pml)
+{
+	uint32_t vdk = sg.v_dk;
+	__syncthreads();
+	/* R_v into shared memory, one round trip (L2, prefetched) */
+	for (uint32_t o = threadIdx.x * 8; o < vdk * D; o += blockDim.x * 8)
+		*(uint4 *)(rv + o) = __ldg((const uint4 *)(sg.v_rot + o));
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
+		uint32_t h = i / vdk, c = i % vdk;
+		float M = -INFINITY;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		float o = 0.0f;
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			if (mw != -INFINITY)
+				o += exp2f(mw - M) * sacc[(ww * NQ + h) * GPU_MAX_D + c];
+		}
+		orot[c * 8 + h] = o;
+	}
+	if (threadIdx.x < NQ) {
+		int h = threadIdx.x;
+		float M = -INFINITY, ll = 0.0f;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			if (mw != -INFINITY)
+				ll += exp2f(mw - M) * sml[(ww * NQ + h) * 2 + 1];
+		}
+		pml[2 * h] = M;
+		pml[2 * h + 1] = ll;
+	}
+	__syncthreads();
+	for (uint32_t j = threadIdx.x; j < D; j += blockDim.x) {
+		float o[NQ];
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			o[h] = 0.0f;
+		const uint16_t *R = rv + j;
+#pragma unroll 4
+		for (uint32_t c = 0; c < vdk; c++) {
+			float r = bf1(R[(size_t)c * D]), ov[NQ];
+			loadq<NQ>(&orot[c * 8], ov);
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				o[h] = fmaf(ov[h], r, o[h]);
+		}
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			po[h * D + j] = o[h];
+	}
+}
+
+/*
+ * Staged PackedAttention (g == 1 on both halves, rows of at most
+ * ST_ROWB bytes: every serving format and the bench's bf16 r = d/4).
+ *
+ * Why: the walk and the scatter above load each sub-block from global
+ * memory one dependent group at a time and multiply with half of every
+ * HMMA wasted (queries as the 16 rows of A: 4 real, 12 zero or copied);
+ * ncu saw ~2,000 instructions per 16-token sub-block at 8.6 cycles each,
+ * 38 % of the stalls on L1TEX.  Here:
+ *   - a warp's next sub-block (K and V rows and bitmaps, four contiguous
+ *     ranges) goes to shared memory by cp.async while it computes the
+ *     current one (two stages per warp);
+ *   - a lane owns one vector (lane % 16 = token, lane / 16 = K or V) and
+ *     decodes it from the stage: values to fp16 at the start of its tile
+ *     row (quantized fields as the exact integers they store), then the
+ *     channel-major expansion in place (g1_expand);
+ *   - the products are transposed, tokens as the 16 rows:
+ *     Sᵀ = K̂ Q'ᵀ with K̂ by ldmatrix and Q'ᵀ as B, O'ᵀ += V̂ᵀ Pᵀ with V̂ᵀ by
+ *     ldmatrix.trans and Pᵀ from S's accumulators by movmatrix.trans.  The
+ *     8 columns of B are 4 queries × (hi, lo): x = hi + lo, both fp16, so
+ *     Q' and P enter the products with ~22 bits (one fp16 would round them
+ *     to 11); the two halves of a query are summed by one shuffle;
+ *   - quantized rows: the scale of token t multiplies S's row t (K) and
+ *     P's row t before the split (V), exactly, in fp32.
+ * A lane's accumulator columns are its S columns (the same two queries),
+ * so the rescale by exp2(m_old − m_new) needs no shuffle, and is skipped
+ * when no maximum grew.
+ */
+#define ST_ROWB 128 /* staged row bytes at most: bf16 r <= 64, 6-bit r <= 168 */
+#define ST_NB 4     /* bitmap words per vector at most (d_keep <= 128, g == 1) */
+
+struct st_stage {
+	uint32_t kbm[16 * ST_NB], vbm[16 * ST_NB];
+	uint4 krow[16 * ST_ROWB / 16];
+	uint4 vrow[16 * ST_ROWB / 16 + 1]; /* +1: a field group's third word may
+					    * reach past the last row */
+};
+
+struct st_warp {
+	__half k[16 * TK_LD]; /* K̂ [token][channel] */
+	__half v[16 * TK_LD]; /* V̂ [token][channel] */
+	struct st_stage s[2];
+};
+
+template <int NU>
+struct st_smem {
+	union {
+		struct st_warp w[4];
+		struct {
+			float red[4 * 8 * (GPU_MAX_D + 2)];
+			float orot[8 * GPU_MAX_D];
+			uint16_t rv[GPU_MAX_D * GPU_MAX_D];
+		} f;
+		float qs[GPU_MAX_D * 8];
+	};
+	uint2 qb[NU][GPU_MAX_D / 16][32]; /* Q'ᵀ B fragments, [4 heads][k-step][lane] */
+};
+
+__device__ __forceinline__ bool st_ok(const struct gpu_seg &sg, uint32_t flags)
+{
+	return !(flags & (GPU_ATTN_SCATTER | GPU_ATTN_WALK)) && sg.k_g == 1 && sg.v_g == 1 &&
+	       sg.k_rs * 2 <= ST_ROWB && sg.v_rs * 2 <= ST_ROWB && sg.k_bw <= ST_NB &&
+	       sg.v_bw <= ST_NB;
+}
+
+/* @bytes (a multiple of 4) from @src to shared @dst (16-aligned) by the
+ * warp, 16 bytes a copy where the source allows. */
+__device__ __forceinline__ void st_copy(uint32_t dst, const void *src, uint32_t bytes, int lane)
+{
+	const char *s = (const char *)src;
+	if ((((uintptr_t)s | bytes) & 15u) == 0) {
+		for (uint32_t o = lane * 16; o < bytes; o += 512)
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + o),
+				     "l"(s + o)
+				     : "memory");
+	} else {
+		for (uint32_t o = lane * 4; o < bytes; o += 128)
+			asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst + o),
+				     "l"(s + o)
+				     : "memory");
+	}
+}
+
+/* Tokens [t0, t0 + nt) of @sg into stage @S; one commit group. */
+__device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, uint32_t nt,
+					struct st_stage &S, int lane)
+{
+	st_copy((uint32_t)__cvta_generic_to_shared(S.krow), sg.k_val + (size_t)t0 * sg.k_rs,
+		nt * sg.k_rs * 2, lane);
+	st_copy((uint32_t)__cvta_generic_to_shared(S.vrow), sg.v_val + (size_t)t0 * sg.v_rs,
+		nt * sg.v_rs * 2, lane);
+	st_copy((uint32_t)__cvta_generic_to_shared(S.kbm), sg.k_bm + (size_t)t0 * sg.k_bw,
+		nt * sg.k_bw * 4, lane);
+	st_copy((uint32_t)__cvta_generic_to_shared(S.vbm), sg.v_bm + (size_t)t0 * sg.v_bw,
+		nt * sg.v_bw * 4, lane);
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* D = A B + D, m16n8k16, fp16 inputs, fp32 accumulators. */
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+					uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* fp16 pair of (a, b) (@lo: of their remainders after rounding). */
+__device__ __forceinline__ uint32_t h2split(float a, float b, bool lo)
+{
+	__half2 h = __floats2half2_rn(a, b);
+	if (lo) {
+		float2 f = __half22float2(h);
+		h = __floats2half2_rn(a - f.x, b - f.y);
+	}
+	return *(uint32_t *)&h;
+}
+
+/* The r values of a staged row as fp16 at shared @dst (quantized: the
+ * fields' integers; the scale is applied to S or P). */
+__device__ __forceinline__ void st_compact(const uint32_t *row, uint32_t r, uint32_t vb,
+					   uint32_t dst)
+{
+	const uint32_t ng = (r + 7) >> 3;
+	const __half2 one = __float2half2_rn(1.0f);
+	for (uint32_t m = 0; m < ng; m++) {
+		uint4 h;
+		if (vb == 0)
+			h = bf8_to_h8(((const uint4 *)row)[m]);
+		else if (vb == 6)
+			h = q8_to_h8<6, false>(qgroup<true>(row, 6, m), 6, one);
+		else
+			h = q8_to_h8<0, false>(qgroup<true>(row, vb, m), vb, one);
+		sts128(dst + 16 * m, h.x, h.y, h.z, h.w);
+	}
+}
+
+template <int NQ, int D>
+struct ststate {
+	static constexpr int NU = (NQ + 3) / 4; /* n-tiles: 4 heads × (hi, lo) each */
+	float acc[NU][D / 16][4]; /* O'ᵀ: rows = channels, columns as S's */
+	float m[NU][2], l[NU][2]; /* this lane's two heads per n-tile; l over its tokens */
+};
+
+/* One sub-block (nt <= 16 tokens) from stage @S. */
+template <int NQ, int D>
+__device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const struct st_stage &S,
+				       struct st_warp &W, const uint2 (*qb)[GPU_MAX_D / 16][32],
+				       ststate<NQ, D> &st)
+{
+	constexpr int NU = ststate<NQ, D>::NU;
+	int lane = threadIdx.x & 31, t = lane & 15, kv = lane >> 4;
+	int g = lane >> 2, tig = lane & 3;
+	/* ---- decode: this lane's vector into its tile row ---- */
+	{
+		bool valid = t < nt;
+		uint32_t rs = kv ? sg.v_rs : sg.k_rs, bw = kv ? sg.v_bw : sg.k_bw;
+		uint32_t dk = kv ? sg.v_dk : sg.k_dk, vb = kv ? sg.v_vb : sg.k_vb;
+		uint32_t r = valid ? (kv ? sg.v_r : sg.k_r) : 0u;
+		uint32_t nch = (dk + 15) & ~15u;
+		const uint32_t *bmp = (kv ? S.vbm : S.kbm) + t * bw;
+		const uint32_t *row = (const uint32_t *)(kv ? S.vrow : S.krow) + t * (rs >> 1);
+		uint32_t bm[4] = {0u, 0u, 0u, 0u};
+		if (valid) {
+#pragma unroll
+			for (int i = 0; i < D / 32; i++) {
+				uint32_t x = (uint32_t)i < bw ? bmp[i] : 0u;
+				uint32_t lo = 32u * i;
+				bm[i] = dk >= lo + 32 ? x : dk > lo ? x & ((1u << (dk - lo)) - 1u) : 0u;
+			}
+		}
+		const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.v : W.k) + t * TK_LD);
+		if (valid)
+			st_compact(row, r, vb, trow);
+		g1_expand<D>(trow, bm, r, nch);
+	}
+	__syncwarp();
+	/* ---- Sᵀ = K̂ Q'ᵀ (all D / 16 k-steps: columns past d_keep are zero) ---- */
+	float s[NU][4];
+#pragma unroll
+	for (int u = 0; u < NU; u++)
+		s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0.0f;
+	const uint32_t kaddr = (uint32_t)__cvta_generic_to_shared(
+		W.k + (((lane >> 3) & 1) * 8 + (lane & 7)) * TK_LD + (lane >> 4) * 8);
+#pragma unroll
+	for (int ks = 0; ks < D / 16; ks++) {
+		uint32_t a0, a1, a2, a3;
+		asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+			     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+			     : "r"(kaddr + ks * 32)
+			     : "memory");
+#pragma unroll
+		for (int u = 0; u < NU; u++) {
+			uint2 b = qb[u][ks][lane];
+			mma_f16(s[u], a0, a1, a2, a3, b.x, b.y);
+		}
+	}
+	/* rows g and g + 8 are tokens; the scales of quantized rows */
+	const bool va = g < nt, vb8 = g + 8 < nt;
+	float ksa = 1.0f, ksb = 1.0f, vsa = 1.0f, vsb = 1.0f;
+	if (sg.k_vb) {
+		const uint16_t *kr = (const uint16_t *)S.krow;
+		ksa = bf1(kr[g * sg.k_rs]);
+		ksb = bf1(kr[(g + 8) * sg.k_rs]);
+	}
+	if (sg.v_vb) {
+		const uint16_t *vr = (const uint16_t *)S.vrow;
+		/* stale rows past nt: p = 0 there must not meet a NaN */
+		vsa = va ? bf1(vr[g * sg.v_rs]) : 0.0f;
+		vsb = vb8 ? bf1(vr[(g + 8) * sg.v_rs]) : 0.0f;
+	}
+	uint32_t pb[NU][2];
+#pragma unroll
+	for (int u = 0; u < NU; u++) {
+		bool grew = false;
+		float x[4];
+#pragma unroll
+		for (int e = 0; e < 4; e++) /* hi + lo halves of the same head */
+			x[e] = s[u][e] + __shfl_xor_sync(0xffffffffu, s[u][e], 2);
+		x[0] = va ? x[0] * ksa : -INFINITY;
+		x[1] = va ? x[1] * ksa : -INFINITY;
+		x[2] = vb8 ? x[2] * ksb : -INFINITY;
+		x[3] = vb8 ? x[3] * ksb : -INFINITY;
+		float p[4];
+#pragma unroll
+		for (int c = 0; c < 2; c++) {
+			float mx = fmaxf(x[c], x[c + 2]);
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+			float mn = fmaxf(st.m[u][c], mx);
+			float al = exp2f(st.m[u][c] - mn);
+			grew |= mn > st.m[u][c];
+			st.m[u][c] = mn;
+			p[c] = exp2f(x[c] - mn);
+			p[c + 2] = exp2f(x[c + 2] - mn);
+			st.l[u][c] = st.l[u][c] * al + (p[c] + p[c + 2]);
+			x[c] = al; /* kept for the rescale */
+		}
+		if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+			for (int mt = 0; mt < D / 16; mt++) {
+				st.acc[u][mt][0] *= x[0];
+				st.acc[u][mt][1] *= x[1];
+				st.acc[u][mt][2] *= x[0];
+				st.acc[u][mt][3] *= x[1];
+			}
+		}
+		/* Pᵀ as B: this lane gives row g (g + 8) of an 8 × 8 [token][column]
+		 * matrix, columns 2tig, 2tig + 1 (its heads; hi for tig < 2, lo
+		 * above); movmatrix.trans hands lane (g, tig) tokens 2tig, 2tig + 1
+		 * of column g */
+		bool lo = tig >= 2;
+		uint32_t ra = h2split(p[0] * vsa, p[1] * vsa, lo);
+		uint32_t rb = h2split(p[2] * vsb, p[3] * vsb, lo);
+		asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[u][0]) : "r"(ra));
+		asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[u][1]) : "r"(rb));
+	}
+	/* ---- O'ᵀ += V̂ᵀ Pᵀ; ldmatrix.trans lane address: matrix lane / 8 =
+	 * channels +0 / +8 (bit 0), tokens +0 / +8 (bit 1) ---- */
+	const uint32_t vaddr = (uint32_t)__cvta_generic_to_shared(
+		W.v + (((lane >> 4) & 1) * 8 + (lane & 7)) * TK_LD + ((lane >> 3) & 1) * 8);
+#pragma unroll
+	for (int mt = 0; mt < D / 16; mt++) {
+		uint32_t a0, a1, a2, a3;
+		asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+			     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+			     : "r"(vaddr + mt * 32)
+			     : "memory");
+#pragma unroll
+		for (int u = 0; u < NU; u++)
+			mma_f16(st.acc[u][mt], a0, a1, a2, a3, pb[u][0], pb[u][1]);
+	}
+	__syncwarp();
+}
+
+/*
+ * A CTA's blocks by the staged path (the list or the range as tc_cta),
+ * then tc_finish.  @qr: the segment's rotated queries (QR_ROWS × P).
+ */
+template <int NQ, int D>
+static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const uint32_t *list,
+					      uint32_t base_blk, uint32_t cnt, const float *qr,
+					      float scale2, float *po, float *pml)
+{
+	constexpr int NU = ststate<NQ, D>::NU, P = NQP(NQ);
+	extern __shared__ __align__(16) unsigned char smraw[];
+	st_smem<NU> &sm = *(st_smem<NU> *)smraw;
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+	const struct gpu_seg sg = *sgp;
+	/* Q'ᵀ fragments: column g of n-tile u is head 4u + g % 4, part g / 4 */
+	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
+		sm.qs[i] = qr[i] * scale2;
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < NU * (D / 16) * 32; i += blockDim.x) {
+		uint32_t ln = i & 31, ks = (i >> 5) % (D / 16), u = (i >> 5) / (D / 16);
+		uint32_t h = 4 * u + ((ln >> 2) & 3), c0 = ks * 16 + 2 * (ln & 3);
+		bool lo = (ln >> 2) >= 4;
+		float q[4];
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			uint32_t c = c0 + (e & 1) + (e >> 1) * 8;
+			q[e] = h < NQ && c < sg.k_dk ? sm.qs[c * P + (h < NQ ? h : 0)] : 0.0f;
+		}
+		sm.qb[u][ks][ln] = make_uint2(h2split(q[0], q[1], lo), h2split(q[2], q[3], lo));
+	}
+	__syncthreads();
+	struct st_warp &W = sm.w[w];
+	/* tiles zero once: columns at and past d_keep are never written */
+	for (uint32_t i = lane; i < 2 * 16 * TK_LD / 8; i += 32)
+		((uint4 *)W.k)[i] = make_uint4(0, 0, 0, 0);
+	ststate<NQ, D> st;
+#pragma unroll
+	for (int u = 0; u < NU; u++) {
+#pragma unroll
+		for (int mt = 0; mt < D / 16; mt++)
+			st.acc[u][mt][0] = st.acc[u][mt][1] = st.acc[u][mt][2] = st.acc[u][mt][3] = 0.0f;
+		st.m[u][0] = st.m[u][1] = -INFINITY;
+		st.l[u][0] = st.l[u][1] = 0.0f;
+	}
+	__syncwarp();
+	/* this warp's sub-blocks: blocks w, w + 4, ..., 16 tokens at a time;
+	 * the first token of its block after next is loaded a block ahead
+	 * (@nxt), so that no fill waits on a global load.  (Those first
+	 * tokens in a shared array read back wrong in the loop under nvcc
+	 * 13.0: SASS addressed element i + 8 for i + 4.  Not chased further.) */
+	uint32_t i = w, t = 0, t1 = 0, nxt = 0;
+	if (i < cnt) {
+		t = (list ? __ldg(list + i) - sg.block0 : base_blk + i) * sg.b;
+		t1 = min(sg.n, t + sg.b);
+		st_fill(sg, t, min(16u, t1 - t), W.s[0], lane);
+		if (i + 4 < cnt)
+			nxt = (list ? __ldg(list + i + 4) - sg.block0 : base_blk + i + 4) * sg.b;
+	}
+	for (int cur = 0; i < cnt; cur ^= 1) {
+		uint32_t ni = i, nt0 = t + 16, nt1 = t1;
+		if (nt0 >= t1) {
+			ni = i + 4;
+			if (ni < cnt) {
+				nt0 = nxt;
+				nt1 = min(sg.n, nt0 + sg.b);
+				if (ni + 4 < cnt)
+					nxt = (list ? __ldg(list + ni + 4) - sg.block0
+						    : base_blk + ni + 4) * sg.b;
+			}
+		}
+		if (ni < cnt) {
+			st_fill(sg, nt0, min(16u, nt1 - nt0), W.s[cur ^ 1], lane);
+			asm volatile("cp.async.wait_group 1;" ::: "memory");
+		} else {
+			asm volatile("cp.async.wait_group 0;" ::: "memory");
+		}
+		__syncwarp();
+		st_sub<NQ, D>(sg, (int)min(16u, t1 - t), W.s[cur], W, sm.qb, st);
+		i = ni;
+		t = nt0;
+		t1 = nt1;
+	}
+	/* ---- the warp's state into the reduction scratch ---- */
+	float lsum[NU][2];
+#pragma unroll
+	for (int u = 0; u < NU; u++)
+#pragma unroll
+		for (int c = 0; c < 2; c++) {
+			float l = st.l[u][c];
+			l += __shfl_xor_sync(0xffffffffu, l, 4);
+			l += __shfl_xor_sync(0xffffffffu, l, 8);
+			l += __shfl_xor_sync(0xffffffffu, l, 16);
+			lsum[u][c] = l;
+		}
+#pragma unroll
+	for (int u = 0; u < NU; u++)
+#pragma unroll
+		for (int mt = 0; mt < D / 16; mt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				st.acc[u][mt][e] += __shfl_xor_sync(0xffffffffu, st.acc[u][mt][e], 2);
+	__syncthreads(); /* the tiles become the reduction scratch */
+	float *sacc = sm.f.red, *sml = sm.f.red + 4 * NQ * GPU_MAX_D;
+	uint32_t vdk = sg.v_dk;
+	if (tig < 2) {
+#pragma unroll
+		for (int u = 0; u < NU; u++)
+#pragma unroll
+			for (int c = 0; c < 2; c++) {
+				uint32_t h = 4 * u + 2 * tig + c;
+				if (h >= NQ)
+					continue;
+#pragma unroll
+				for (int mt = 0; mt < D / 16; mt++) {
+					uint32_t ch = mt * 16 + g;
+					if (ch < vdk)
+						sacc[(w * NQ + h) * GPU_MAX_D + ch] = st.acc[u][mt][c];
+					if (ch + 8 < vdk)
+						sacc[(w * NQ + h) * GPU_MAX_D + ch + 8] = st.acc[u][mt][c + 2];
+				}
+				if (g == 0) {
+					sml[(w * NQ + h) * 2] = st.m[u][c];
+					sml[(w * NQ + h) * 2 + 1] = lsum[u][c];
+				}
+			}
+	}
+	tc_finish<NQ, D>(sg, sacc, sml, sm.f.rv, sm.f.orot, po, pml);
+}
+
+/*
  * A CTA's blocks (list[0 .. cnt) or blocks base_blk .. + cnt of *sgp), then
  * the warps' merge, the rotation back and the partial.  Not inlined, one
  * instance per sub-block kind: each gets its own register allocation, so
@@ -2512,55 +2986,7 @@ static __device__ __noinline__ void tc_cta(const struct gpu_seg *sgp, const uint
 			sml[(w * NQ + g) * 2 + 1] = l;
 		}
 	}
-	/* R_v into shared memory, one round trip (L2, prefetched) */
-	for (uint32_t o = threadIdx.x * 8; o < vdk * D; o += blockDim.x * 8)
-		*(uint4 *)(sm.rv + o) = __ldg((const uint4 *)(sg.v_rot + o));
-	__syncthreads();
-	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
-		uint32_t h = i / vdk, c = i % vdk;
-		float M = -INFINITY;
-		for (int ww = 0; ww < 4; ww++)
-			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		float o = 0.0f;
-		for (int ww = 0; ww < 4; ww++) {
-			float mw = sml[(ww * NQ + h) * 2];
-			if (mw != -INFINITY)
-				o += exp2f(mw - M) * sacc[(ww * NQ + h) * GPU_MAX_D + c];
-		}
-		sm.orot[c * 8 + h] = o;
-	}
-	if (threadIdx.x < NQ) {
-		int h = threadIdx.x;
-		float M = -INFINITY, ll = 0.0f;
-		for (int ww = 0; ww < 4; ww++)
-			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		for (int ww = 0; ww < 4; ww++) {
-			float mw = sml[(ww * NQ + h) * 2];
-			if (mw != -INFINITY)
-				ll += exp2f(mw - M) * sml[(ww * NQ + h) * 2 + 1];
-		}
-		pml[2 * h] = M;
-		pml[2 * h + 1] = ll;
-	}
-	__syncthreads();
-	for (uint32_t j = threadIdx.x; j < D; j += blockDim.x) {
-		float o[NQ];
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			o[h] = 0.0f;
-		const uint16_t *R = sm.rv + j;
-#pragma unroll 4
-		for (uint32_t c = 0; c < vdk; c++) {
-			float r = bf1(R[(size_t)c * D]), ov[NQ];
-			loadq<NQ>(&sm.orot[c * 8], ov);
-#pragma unroll
-			for (int h = 0; h < NQ; h++)
-				o[h] = fmaf(ov[h], r, o[h]);
-		}
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			po[h * D + j] = o[h];
-	}
+	tc_finish<NQ, D>(sg, sacc, sml, sm.rv, sm.orot, po, pml);
 }
 
 template <int NQ, int D>
@@ -2588,6 +3014,10 @@ __global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head
 	const struct gpu_seg sg = *sgp;
 	prefetch_l2(sg.v_rot, sg.v_dk * D * 2); /* for the rotation back */
 	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
+	if (st_ok(sg, flags)) {
+		tc_cta_st<NQ, D>(sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml);
+		return;
+	}
 	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
 		sm.qs[i] = qr[i] * scale2;
 	__syncthreads();
@@ -3306,7 +3736,9 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 		k_attn_packed<NQ, D><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
 			heads, a->q, scale2_of(a), (char *)a->ws, L);
 	} else {
-		size_t smem = sizeof(tc_smem);
+		size_t smem = sizeof(tc_smem) > sizeof(st_smem<(NQ + 3) / 4>)
+				      ? sizeof(tc_smem)
+				      : sizeof(st_smem<(NQ + 3) / 4>);
 		GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D>,
 					    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 		k_attn_packed_tc<NQ, D><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(

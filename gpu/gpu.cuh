@@ -130,6 +130,10 @@ struct gpu_attn_args {
  * version before the channel-major walk; kept to compare) also where both
  * halves have g == 1. */
 #define GPU_ATTN_SCATTER 2u
+/* Tensor-core PackedAttention without the staged path (g == 1 rows by the
+ * channel-major walk from global memory where r >= d_keep / 2, else the
+ * scatter: the version before staging; kept to compare). */
+#define GPU_ATTN_WALK 16u
 /* Block selection by one CTA per context, or by many CTAs per context:
  * the same selection either way.  Neither flag: chosen by shape (many
  * CTAs only for few contexts of long histories, where they measured

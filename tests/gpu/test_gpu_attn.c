@@ -221,6 +221,25 @@ Test(gpu, packed_walk_bf16_r64) { check_packed_rq(128, 4, 1, 1, 16, 0.1, 37, 64,
 Test(gpu, packed_walk_bf16_d64_b8) { check_packed_rq(64, 8, 1, 0, 8, 0.2, 3, 40, 0); }
 Test(gpu, packed_q6_d128_full_r128) { check_packed_rq(128, 4, 1, 0, 8, 0.2, 9, 128, 6); }
 Test(gpu, packed_q8_d64_full_r64) { check_packed_rq(64, 2, 1, 0, 16, 0.3, 0, 64, 8); }
+/* The same formats without the staged path (GPU_ATTN_WALK: the lanes load
+ * their vectors from global memory; the walk where r >= d_keep / 2). */
+Test(gpu, packed_unstaged_walk_q6)
+{
+	g_flags = GPU_ATTN_WALK;
+	check_packed_rq(128, 4, 1, 0, 16, 0.1, 64, 80, 6);
+}
+Test(gpu, packed_unstaged_walk_bf16_d64_b8)
+{
+	g_flags = GPU_ATTN_WALK;
+	check_packed_rq(64, 8, 1, 0, 8, 0.2, 3, 40, 0);
+}
+/* The staged path at its row limit (128 bytes: bf16 r = 64 of d 128) and
+ * past it (r = 72: the unstaged walk), 4 and 7 bits, b = 64 (four
+ * sub-blocks a block). */
+Test(gpu, packed_staged_row_limit) { check_packed_rq(128, 3, 1, 0, 16, 0.1, 0, 64, 0); }
+Test(gpu, packed_past_staged_row_limit) { check_packed_rq(128, 2, 1, 0, 16, 0.1, 7, 72, 0); }
+Test(gpu, packed_staged_q4_b64) { check_packed_rq(128, 8, 1, 1, 64, 0.2, 11, 90, 4); }
+Test(gpu, packed_staged_q7_d64) { check_packed_rq(64, 1, 1, 0, 32, 0.3, 0, 30, 7); }
 /* g == 1 rows by the older per-value scatter (GPU_ATTN_SCATTER) */
 Test(gpu, packed_scatter_llama_shape)
 {

@@ -1,0 +1,23 @@
+#!/bin/bash
+# Profile PackedAttention's attention kernel on the GPU machine (1M
+# tokens, batch 1, one step of ours and one of ours_q6) with Nsight
+# Compute: the summary sections, then per SASS line the instructions
+# executed and the warp stall samples (the lines with the most samples).
+# Assumes bench/attn built in $B (bench/attn_device.sh or by hand).
+set -u
+OUT=${OUT:-out}
+B=${B:-/tmp/b}
+mkdir -p "$OUT"
+K=${NCU_KERNEL:-attn_packed_tc}
+timeout ${NCU_T:-300} ncu --clock-control none --kernel-name-base function \
+  --kernel-name regex:"^k_${K}\$" --launch-count ${NCU_N:-2} \
+  --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+  --section SchedulerStats --section SourceCounters \
+  --metrics smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__bytes_read.sum \
+  -o "$OUT/attn" -f $B/bench/attn --ctx 1048576 --batch 1 --once 1 > "$OUT/ncu_run.log" 2>&1
+echo "ncu rc=$?"
+ncu -i "$OUT/attn.ncu-rep" > "$OUT/ncu.txt" 2>&1
+grep -E "^  k_|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|inst_executed|bank_conflicts|dram__bytes|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Dynamic Shared" "$OUT/ncu.txt" | head -60
+ncu -i "$OUT/attn.ncu-rep" --page source --csv --print-source sass > "$OUT/src.csv" 2>&1
+echo "src.csv: $(wc -l < "$OUT/src.csv") lines"
+rm -f "$OUT/attn.ncu-rep"
