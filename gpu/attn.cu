@@ -2594,8 +2594,38 @@ __device__ __forceinline__ void st_copy(uint32_t dst, const void *src, uint32_t 
 
 /* Tokens [t0, t0 + nt) of @sg into stage @S; one commit group. */
 __device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, uint32_t nt,
-					struct st_stage &S, int lane)
+					struct st_stage &S, int lane, bool al16)
 {
+	if (al16 && nt == 16) { /* the common case: four 16-byte-aligned ranges */
+		const char *kr = (const char *)(sg.k_val + (size_t)t0 * sg.k_rs);
+		const char *vr = (const char *)(sg.v_val + (size_t)t0 * sg.v_rs);
+		const char *kb = (const char *)(sg.k_bm + (size_t)t0 * sg.k_bw);
+		const char *vb = (const char *)(sg.v_bm + (size_t)t0 * sg.v_bw);
+		const uint32_t d = (uint32_t)__cvta_generic_to_shared(&S);
+		const uint32_t dkr = d + offsetof(struct st_stage, krow);
+		const uint32_t dvr = d + offsetof(struct st_stage, vrow);
+		const uint32_t dvb = d + offsetof(struct st_stage, vbm);
+#pragma unroll 1
+		for (uint32_t o = lane * 16; o < sg.k_rs * 32; o += 512)
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dkr + o),
+				     "l"(kr + o)
+				     : "memory");
+#pragma unroll 1
+		for (uint32_t o = lane * 16; o < sg.v_rs * 32; o += 512)
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dvr + o),
+				     "l"(vr + o)
+				     : "memory");
+		if ((uint32_t)lane < sg.k_bw * 4)
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + lane * 16),
+				     "l"(kb + lane * 16)
+				     : "memory");
+		if ((uint32_t)lane < sg.v_bw * 4)
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dvb + lane * 16),
+				     "l"(vb + lane * 16)
+				     : "memory");
+		asm volatile("cp.async.commit_group;" ::: "memory");
+		return;
+	}
 	st_copy((uint32_t)__cvta_generic_to_shared(S.krow), sg.k_val + (size_t)t0 * sg.k_rs,
 		nt * sg.k_rs * 2, lane);
 	st_copy((uint32_t)__cvta_generic_to_shared(S.vrow), sg.v_val + (size_t)t0 * sg.v_rs,
@@ -2617,6 +2647,42 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
 		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* bf16x2 of (lo, hi): lo in the low half (the lower k index). */
+__device__ __forceinline__ uint32_t dn_bf2(float lo, float hi)
+{
+	uint32_t r;
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return r;
+}
+
+/* a, b as bf16 pairs: *h the rounded values, *l the remainders. */
+__device__ __forceinline__ void dn_split(float a, float b, uint32_t *h, uint32_t *l)
+{
+	uint32_t x = dn_bf2(a, b);
+	*h = x;
+	*l = dn_bf2(a - __uint_as_float(x << 16), b - __uint_as_float(x & 0xffff0000u));
+}
+
+/* D = A B + D, m16n8k16, bf16 inputs, fp32 accumulators. */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma_t(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+				      uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	if (BF)
+		mma_bf16(c, a0, a1, a2, a3, b0, b1);
+	else
+		mma_f16(c, a0, a1, a2, a3, b0, b1);
+}
+
 /* fp16 pair of (a, b) (@lo: of their remainders after rounding). */
 __device__ __forceinline__ uint32_t h2split(float a, float b, bool lo)
 {
@@ -2626,6 +2692,66 @@ __device__ __forceinline__ uint32_t h2split(float a, float b, bool lo)
 		h = __floats2half2_rn(a - f.x, b - f.y);
 	}
 	return *(uint32_t *)&h;
+}
+
+/* The same in bf16 (hi + lo carries 16 bits of mantissa). */
+template <bool BF>
+__device__ __forceinline__ uint32_t split_t(float a, float b, bool lo)
+{
+	if (!BF)
+		return h2split(a, b, lo);
+	uint32_t h, l;
+	dn_split(a, b, &h, &l);
+	return lo ? l : h;
+}
+
+/* One channel of the out-of-place expansion: the value at @p if @wd has
+ * @bit (then @p steps on), else 0.  Not volatile, no memory clobber, so
+ * the compiler may interleave the groups (their sources and the tile never
+ * overlap); the predicate depends on the bitmap, read after the stage's
+ * wait, which keeps every load behind that wait. */
+__device__ __forceinline__ uint32_t take_bit(uint32_t wd, uint32_t bit, uint32_t &p)
+{
+	uint32_t v;
+	asm("{\n\t.reg .pred q;\n\t.reg .b32 t;\n\t"
+	    "and.b32 t, %2, %3;\n\t"
+	    "setp.ne.u32 q, t, 0;\n\t"
+	    "mov.u32 %0, 0;\n\t"
+	    "@q ld.shared.u16 %0, [%1];\n\t"
+	    "@q add.u32 %1, %1, 2;\n\t}"
+	    : "=r"(v), "+r"(p)
+	    : "r"(wd), "r"(bit));
+	return v;
+}
+
+/* bf16 rows: the staged row's r values (shared @src) expanded to channels
+ * [0, nch) of tile row @dst, out of place.  Each group of 8 channels
+ * starts at its own value index (popcounts of the bits below it): twelve
+ * short chains instead of one of d_keep dependent steps (ncu: the in-place
+ * walk's pointer chain was the top stall of the staged kernel). */
+template <int D>
+__device__ __forceinline__ void expand_direct(uint32_t src, uint32_t dst, const uint32_t (&bm)[4],
+					      uint32_t nch)
+{
+	uint32_t base[4];
+	base[0] = 0;
+#pragma unroll
+	for (int i = 1; i < 4; i++)
+		base[i] = base[i - 1] + (i - 1 < D / 32 ? __popc(bm[i - 1]) : 0u);
+#pragma unroll
+	for (int gi = 0; gi < D / 8; gi++) {
+		if ((uint32_t)gi * 8 >= nch)
+			continue;
+		const int sh = (gi & 3) * 8;
+		const uint32_t wd = bm[gi >> 2];
+		uint32_t p = src + 2 * (base[gi >> 2] + __popc(wd & ((1u << sh) - 1u)));
+		uint32_t v[8];
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			v[e] = take_bit(wd, 1u << (sh + e), p);
+		sts128(dst + 16 * gi, __byte_perm(v[0], v[1], 0x5410), __byte_perm(v[2], v[3], 0x5410),
+		       __byte_perm(v[4], v[5], 0x5410), __byte_perm(v[6], v[7], 0x5410));
+	}
 }
 
 /* The r values of a staged row as fp16 at shared @dst (quantized: the
@@ -2654,8 +2780,9 @@ struct ststate {
 	float m[NU][2], l[NU][2]; /* this lane's two heads per n-tile; l over its tokens */
 };
 
-/* One sub-block (nt <= 16 tokens) from stage @S. */
-template <int NQ, int D>
+/* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
+ * rows, expanded straight from the stage, bf16 products. */
+template <int NQ, int D, bool BF>
 __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const struct st_stage &S,
 				       struct st_warp &W, const uint2 (*qb)[GPU_MAX_D / 16][32],
 				       ststate<NQ, D> &st)
@@ -2682,9 +2809,13 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const s
 			}
 		}
 		const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.v : W.k) + t * TK_LD);
-		if (valid)
-			st_compact(row, r, vb, trow);
-		g1_expand<D>(trow, bm, r, nch);
+		if (BF) {
+			expand_direct<D>((uint32_t)__cvta_generic_to_shared(row), trow, bm, nch);
+		} else {
+			if (valid)
+				st_compact(row, r, vb, trow);
+			g1_expand<D>(trow, bm, r, nch);
+		}
 	}
 	__syncwarp();
 	/* ---- Sᵀ = K̂ Q'ᵀ (all D / 16 k-steps: columns past d_keep are zero) ---- */
@@ -2704,7 +2835,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const s
 #pragma unroll
 		for (int u = 0; u < NU; u++) {
 			uint2 b = qb[u][ks][lane];
-			mma_f16(s[u], a0, a1, a2, a3, b.x, b.y);
+			mma_t<BF>(s[u], a0, a1, a2, a3, b.x, b.y);
 		}
 	}
 	/* rows g and g + 8 are tokens; the scales of quantized rows */
@@ -2763,8 +2894,8 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const s
 		 * above); movmatrix.trans hands lane (g, tig) tokens 2tig, 2tig + 1
 		 * of column g */
 		bool lo = tig >= 2;
-		uint32_t ra = h2split(p[0] * vsa, p[1] * vsa, lo);
-		uint32_t rb = h2split(p[2] * vsb, p[3] * vsb, lo);
+		uint32_t ra = split_t<BF>(p[0] * vsa, p[1] * vsa, lo);
+		uint32_t rb = split_t<BF>(p[2] * vsb, p[3] * vsb, lo);
 		asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[u][0]) : "r"(ra));
 		asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[u][1]) : "r"(rb));
 	}
@@ -2781,16 +2912,17 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const s
 			     : "memory");
 #pragma unroll
 		for (int u = 0; u < NU; u++)
-			mma_f16(st.acc[u][mt], a0, a1, a2, a3, pb[u][0], pb[u][1]);
+			mma_t<BF>(st.acc[u][mt], a0, a1, a2, a3, pb[u][0], pb[u][1]);
 	}
 	__syncwarp();
 }
 
 /*
  * A CTA's blocks by the staged path (the list or the range as tc_cta),
- * then tc_finish.  @qr: the segment's rotated queries (QR_ROWS × P).
+ * then tc_finish.  @qr: the segment's rotated queries (QR_ROWS × P).  BF:
+ * both halves bf16 rows (st_sub).
  */
-template <int NQ, int D>
+template <int NQ, int D, bool BF>
 static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const uint32_t *list,
 					      uint32_t base_blk, uint32_t cnt, const float *qr,
 					      float scale2, float *po, float *pml)
@@ -2800,6 +2932,24 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	st_smem<NU> &sm = *(st_smem<NU> *)smraw;
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
 	const struct gpu_seg sg = *sgp;
+	const bool al16 = (((uintptr_t)sg.k_val | (uintptr_t)sg.v_val | (uintptr_t)sg.k_bm |
+			    (uintptr_t)sg.v_bm) & 15u) == 0;
+	struct st_warp &W = sm.w[w];
+	/* this warp's sub-blocks: blocks w, w + 4, ..., 16 tokens at a time;
+	 * the first token of its block after next is loaded a block ahead
+	 * (@nxt), so that no fill waits on a global load.  (Those first
+	 * tokens in a shared array read back wrong in the loop under nvcc
+	 * 13.0: SASS addressed element i + 8 for i + 4.  Not chased further.)
+	 * The first fill goes out before the queries are set up (the stages
+	 * do not overlap sm.qs). */
+	uint32_t i = w, t = 0, t1 = 0, nxt = 0;
+	if (i < cnt) {
+		t = (list ? __ldg(list + i) - sg.block0 : base_blk + i) * sg.b;
+		t1 = min(sg.n, t + sg.b);
+		st_fill(sg, t, min(16u, t1 - t), W.s[0], lane, al16);
+		if (i + 4 < cnt)
+			nxt = (list ? __ldg(list + i + 4) - sg.block0 : base_blk + i + 4) * sg.b;
+	}
 	/* Q'ᵀ fragments: column g of n-tile u is head 4u + g % 4, part g / 4 */
 	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
 		sm.qs[i] = qr[i] * scale2;
@@ -2814,10 +2964,10 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 			uint32_t c = c0 + (e & 1) + (e >> 1) * 8;
 			q[e] = h < NQ && c < sg.k_dk ? sm.qs[c * P + (h < NQ ? h : 0)] : 0.0f;
 		}
-		sm.qb[u][ks][ln] = make_uint2(h2split(q[0], q[1], lo), h2split(q[2], q[3], lo));
+		sm.qb[u][ks][ln] =
+			make_uint2(split_t<BF>(q[0], q[1], lo), split_t<BF>(q[2], q[3], lo));
 	}
 	__syncthreads();
-	struct st_warp &W = sm.w[w];
 	/* tiles zero once: columns at and past d_keep are never written */
 	for (uint32_t i = lane; i < 2 * 16 * TK_LD / 8; i += 32)
 		((uint4 *)W.k)[i] = make_uint4(0, 0, 0, 0);
@@ -2831,19 +2981,6 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 		st.l[u][0] = st.l[u][1] = 0.0f;
 	}
 	__syncwarp();
-	/* this warp's sub-blocks: blocks w, w + 4, ..., 16 tokens at a time;
-	 * the first token of its block after next is loaded a block ahead
-	 * (@nxt), so that no fill waits on a global load.  (Those first
-	 * tokens in a shared array read back wrong in the loop under nvcc
-	 * 13.0: SASS addressed element i + 8 for i + 4.  Not chased further.) */
-	uint32_t i = w, t = 0, t1 = 0, nxt = 0;
-	if (i < cnt) {
-		t = (list ? __ldg(list + i) - sg.block0 : base_blk + i) * sg.b;
-		t1 = min(sg.n, t + sg.b);
-		st_fill(sg, t, min(16u, t1 - t), W.s[0], lane);
-		if (i + 4 < cnt)
-			nxt = (list ? __ldg(list + i + 4) - sg.block0 : base_blk + i + 4) * sg.b;
-	}
 	for (int cur = 0; i < cnt; cur ^= 1) {
 		uint32_t ni = i, nt0 = t + 16, nt1 = t1;
 		if (nt0 >= t1) {
@@ -2857,13 +2994,13 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 			}
 		}
 		if (ni < cnt) {
-			st_fill(sg, nt0, min(16u, nt1 - nt0), W.s[cur ^ 1], lane);
+			st_fill(sg, nt0, min(16u, nt1 - nt0), W.s[cur ^ 1], lane, al16);
 			asm volatile("cp.async.wait_group 1;" ::: "memory");
 		} else {
 			asm volatile("cp.async.wait_group 0;" ::: "memory");
 		}
 		__syncwarp();
-		st_sub<NQ, D>(sg, (int)min(16u, t1 - t), W.s[cur], W, sm.qb, st);
+		st_sub<NQ, D, BF>(sg, (int)min(16u, t1 - t), W.s[cur], W, sm.qb, st);
 		i = ni;
 		t = nt0;
 		t1 = nt1;
@@ -3015,7 +3152,10 @@ __global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head
 	prefetch_l2(sg.v_rot, sg.v_dk * D * 2); /* for the rotation back */
 	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
 	if (st_ok(sg, flags)) {
-		tc_cta_st<NQ, D>(sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml);
+		if (sg.k_vb == 0 && sg.v_vb == 0)
+			tc_cta_st<NQ, D, true>(sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml);
+		else
+			tc_cta_st<NQ, D, false>(sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml);
 		return;
 	}
 	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
@@ -3240,22 +3380,6 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 __device__ __forceinline__ uint32_t dn_sw(uint32_t tok)
 {
 	return ((tok & 1u) << 2) | ((tok >> 1) & 3u);
-}
-
-/* bf16x2 of (lo, hi): lo in the low half (the lower k index). */
-__device__ __forceinline__ uint32_t dn_bf2(float lo, float hi)
-{
-	uint32_t r;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
-
-/* a, b as bf16 pairs: *h the rounded values, *l the remainders. */
-__device__ __forceinline__ void dn_split(float a, float b, uint32_t *h, uint32_t *l)
-{
-	uint32_t x = dn_bf2(a, b);
-	*h = x;
-	*l = dn_bf2(a - __uint_as_float(x << 16), b - __uint_as_float(x & 0xffff0000u));
 }
 
 __device__ __forceinline__ void dn_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
