@@ -2458,10 +2458,10 @@ static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const
 {
 	uint32_t vdk = sg.v_dk;
 	__syncthreads();
-	/* R_v into shared memory, one round trip (L2, prefetched) */
-	for (uint32_t o = threadIdx.x * 8; o < vdk * D; o += blockDim.x * 8)
-		*(uint4 *)(rv + o) = __ldg((const uint4 *)(sg.v_rot + o));
-	__syncthreads();
+	/* R_v into shared memory by cp.async (L2, prefetched), in flight while
+	 * the warps' states merge (a load-then-store loop waited one L2 round
+	 * trip per 16 bytes: ncu, 8 % of the staged kernel's stall samples) */
+	cta_copy_async(rv, sg.v_rot, vdk * D * 2);
 	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
 		uint32_t h = i / vdk, c = i % vdk;
 		float M = -INFINITY;
@@ -2488,6 +2488,7 @@ static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const
 		pml[2 * h] = M;
 		pml[2 * h + 1] = ll;
 	}
+	cta_copy_wait();
 	__syncthreads();
 	for (uint32_t j = threadIdx.x; j < D; j += blockDim.x) {
 		float o[NQ];
@@ -2951,8 +2952,9 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 			nxt = (list ? __ldg(list + i + 4) - sg.block0 : base_blk + i + 4) * sg.b;
 	}
 	/* Q'ᵀ fragments: column g of n-tile u is head 4u + g % 4, part g / 4 */
+#pragma unroll 4
 	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
-		sm.qs[i] = qr[i] * scale2;
+		sm.qs[i] = __ldg(qr + i) * scale2;
 	__syncthreads();
 	for (uint32_t i = threadIdx.x; i < NU * (D / 16) * 32; i += blockDim.x) {
 		uint32_t ln = i & 31, ks = (i >> 5) % (D / 16), u = (i >> 5) / (D / 16);
