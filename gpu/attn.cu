@@ -2939,8 +2939,9 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	/* this warp's sub-blocks: blocks w, w + 4, ..., 16 tokens at a time;
 	 * the first token of its block after next is loaded a block ahead
 	 * (@nxt), so that no fill waits on a global load.  (Those first
-	 * tokens in a shared array read back wrong in the loop under nvcc
-	 * 13.0: SASS addressed element i + 8 for i + 4.  Not chased further.)
+	 * tokens kept in a shared array instead made every staged test fail
+	 * under nvcc 13.0; the SASS looked as if it read element i + 8 for
+	 * i + 4.  Not reduced to a reproducer: gpu/NOTES.md.)
 	 * The first fill goes out before the queries are set up (the stages
 	 * do not overlap sm.qs). */
 	uint32_t i = w, t = 0, t1 = 0, nxt = 0;
