@@ -1727,10 +1727,78 @@ __device__ __forceinline__ void prefetch_block(const struct gpu_seg &sg, uint32_
 	prefetch_l2(sg.v_bm + (size_t)t0 * sg.v_bw, nt * sg.v_bw * 4);
 }
 
+
+/*
+ * The end of a PackedAttention CTA: the warps' accumulators (sacc, [warp][head]
+ * rows of GPU_MAX_D) and softmax states (sml, [warp][head] × (m, l)) are in
+ * shared memory; merge them, rotate back by R_v once (staged through @rv;
+ * @load_rv false: the caller has put it there) and write the CTA's
+ * partial.  Starts with a barrier.  Both kernels end here.
+ */
+template <int NQ, int D>
+static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const float *sacc,
+						 const float *sml, uint16_t *rv, float *orot,
+						 float *po, float *pml, bool load_rv = true)
+{
+	uint32_t vdk = sg.v_dk;
+	__syncthreads();
+	/* R_v into shared memory by cp.async (L2, prefetched), in flight while
+	 * the warps' states merge (a load-then-store loop waited one L2 round
+	 * trip per 16 bytes: ncu, 8 % of the staged kernel's stall samples) */
+	if (load_rv)
+		cta_copy_async(rv, sg.v_rot, vdk * D * 2);
+	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
+		uint32_t h = i / vdk, c = i % vdk;
+		float M = -INFINITY;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		float o = 0.0f;
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			if (mw != -INFINITY)
+				o += exp2f(mw - M) * sacc[(ww * NQ + h) * GPU_MAX_D + c];
+		}
+		orot[c * 8 + h] = o;
+	}
+	if (threadIdx.x < NQ) {
+		int h = threadIdx.x;
+		float M = -INFINITY, ll = 0.0f;
+		for (int ww = 0; ww < 4; ww++)
+			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
+		for (int ww = 0; ww < 4; ww++) {
+			float mw = sml[(ww * NQ + h) * 2];
+			if (mw != -INFINITY)
+				ll += exp2f(mw - M) * sml[(ww * NQ + h) * 2 + 1];
+		}
+		pml[2 * h] = M;
+		pml[2 * h + 1] = ll;
+	}
+	cta_copy_wait();
+	__syncthreads();
+	for (uint32_t j = threadIdx.x; j < D; j += blockDim.x) {
+		float o[NQ];
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			o[h] = 0.0f;
+		const uint16_t *R = rv + j;
+#pragma unroll 4
+		for (uint32_t c = 0; c < vdk; c++) {
+			float r = bf1(R[(size_t)c * D]), ov[NQ];
+			loadq<NQ>(&orot[c * 8], ov);
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				o[h] = fmaf(ov[h], r, o[h]);
+		}
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			po[h * D + j] = o[h];
+	}
+}
+
 /* The CTA's warps processed blocks of @sg; merge, rotate back, write. */
-template <int NQ>
-__device__ void packed_finish(const struct gpu_seg &sg, pstate<NQ> &st, pk_smem &sm,
-			      uint32_t d, float *po, float *pml)
+template <int NQ, int D>
+__device__ void packed_finish(const struct gpu_seg &sg, pstate<NQ> &st, pk_smem &sm, float *po,
+			      float *pml)
 {
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 	uint32_t vdk = sg.v_dk;
@@ -1751,52 +1819,7 @@ __device__ void packed_finish(const struct gpu_seg &sg, pstate<NQ> &st, pk_smem 
 			sml[(w * NQ + h) * 2 + 1] = l;
 		}
 	}
-	__syncthreads();
-	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
-		uint32_t h = i / vdk, c = i % vdk;
-		float M = -INFINITY;
-		for (int ww = 0; ww < 4; ww++)
-			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		float o = 0.0f;
-		for (int ww = 0; ww < 4; ww++) {
-			float mw = sml[(ww * NQ + h) * 2];
-			if (mw != -INFINITY)
-				o += exp2f(mw - M) * sacc[(ww * NQ + h) * GPU_MAX_D + c];
-		}
-		sm.orot[c * 8 + h] = o;
-	}
-	if (threadIdx.x < NQ) {
-		int h = threadIdx.x;
-		float M = -INFINITY, l = 0.0f;
-		for (int ww = 0; ww < 4; ww++)
-			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		for (int ww = 0; ww < 4; ww++) {
-			float mw = sml[(ww * NQ + h) * 2];
-			if (mw != -INFINITY)
-				l += exp2f(mw - M) * sml[(ww * NQ + h) * 2 + 1];
-		}
-		pml[2 * h] = M;
-		pml[2 * h + 1] = l;
-	}
-	__syncthreads();
-	/* o[h][j] = Σ_c o'[h][c] R_v[c][j] */
-	for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
-		float o[NQ];
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			o[h] = 0.0f;
-		const uint16_t *R = sm.rv + j;
-#pragma unroll 4
-		for (uint32_t c = 0; c < vdk; c++) {
-			float r = bf1(R[(size_t)c * d]);
-#pragma unroll
-			for (int h = 0; h < NQ; h++)
-				o[h] = fmaf(sm.orot[c * 8 + h], r, o[h]);
-		}
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			po[h * d + j] = o[h];
-	}
+	tc_finish<NQ, D>(sg, sacc, sml, sm.rv, sm.orot, po, pml, false);
 }
 
 /*
@@ -1902,7 +1925,7 @@ __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *head
 		for (uint32_t t = t0; t < t1; t += 16)
 			packed_sub<NQ>(sg, t, (int)min(16u, t1 - t), sm.qs, sm.vt[w], sm.ps[w], st);
 	}
-	packed_finish<NQ>(sg, st, sm, D, po, pml);
+	packed_finish<NQ, D>(sg, st, sm, po, pml);
 }
 
 /* ------------------------------------------------------------------ */
@@ -2445,70 +2468,6 @@ __device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0,
 	__syncwarp();
 }
 
-/*
- * The end of a tensor-core CTA: the warps' accumulators (sacc, [warp][head]
- * rows of GPU_MAX_D) and softmax states (sml, [warp][head] × (m, l)) are in
- * shared memory; merge them, rotate back by R_v once (staged through @rv)
- * and write the CTA's partial.  Starts with a barrier.
- */
-template <int NQ, int D>
-static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const float *sacc,
-						 const float *sml, uint16_t *rv, float *orot,
-						 float *po, float *pml)
-{
-	uint32_t vdk = sg.v_dk;
-	__syncthreads();
-	/* R_v into shared memory by cp.async (L2, prefetched), in flight while
-	 * the warps' states merge (a load-then-store loop waited one L2 round
-	 * trip per 16 bytes: ncu, 8 % of the staged kernel's stall samples) */
-	cta_copy_async(rv, sg.v_rot, vdk * D * 2);
-	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
-		uint32_t h = i / vdk, c = i % vdk;
-		float M = -INFINITY;
-		for (int ww = 0; ww < 4; ww++)
-			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		float o = 0.0f;
-		for (int ww = 0; ww < 4; ww++) {
-			float mw = sml[(ww * NQ + h) * 2];
-			if (mw != -INFINITY)
-				o += exp2f(mw - M) * sacc[(ww * NQ + h) * GPU_MAX_D + c];
-		}
-		orot[c * 8 + h] = o;
-	}
-	if (threadIdx.x < NQ) {
-		int h = threadIdx.x;
-		float M = -INFINITY, ll = 0.0f;
-		for (int ww = 0; ww < 4; ww++)
-			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		for (int ww = 0; ww < 4; ww++) {
-			float mw = sml[(ww * NQ + h) * 2];
-			if (mw != -INFINITY)
-				ll += exp2f(mw - M) * sml[(ww * NQ + h) * 2 + 1];
-		}
-		pml[2 * h] = M;
-		pml[2 * h + 1] = ll;
-	}
-	cta_copy_wait();
-	__syncthreads();
-	for (uint32_t j = threadIdx.x; j < D; j += blockDim.x) {
-		float o[NQ];
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			o[h] = 0.0f;
-		const uint16_t *R = rv + j;
-#pragma unroll 4
-		for (uint32_t c = 0; c < vdk; c++) {
-			float r = bf1(R[(size_t)c * D]), ov[NQ];
-			loadq<NQ>(&orot[c * 8], ov);
-#pragma unroll
-			for (int h = 0; h < NQ; h++)
-				o[h] = fmaf(ov[h], r, o[h]);
-		}
-#pragma unroll
-		for (int h = 0; h < NQ; h++)
-			po[h * D + j] = o[h];
-	}
-}
 
 /*
  * Staged PackedAttention (g == 1 on both halves, rows of at most
