@@ -237,15 +237,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 __device__ __forceinline__ uint32_t seg_of_block(const struct gpu_seg *segs, uint32_t nseg,
 						 uint32_t gb)
 {
-	uint32_t lo = 0, hi = nseg - 1;
-	while (lo < hi) {
-		uint32_t mid = (lo + hi + 1) >> 1;
-		if (segs[mid].block0 <= gb)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	return lo;
+	return last_le(segs, nseg, &gpu_seg::block0, gb);
 }
 
 /* Row of channel c in a split query: q⁺ then q⁻, P floats each (all

@@ -40,6 +40,22 @@ static inline int gpu_errno(cudaError_t e)
 
 #define LOG2E 1.4426950408889634f
 
+/* Index of the last of @n >= 1 elements, ascending in @key with the first
+ * one <= @x, whose @key is <= @x: the segment holding block (or id) @x. */
+template <class T, class K>
+__host__ __device__ inline uint32_t last_le(const T *a, uint32_t n, K T::*key, K x)
+{
+	uint32_t lo = 0, hi = n - 1;
+	while (lo < hi) {
+		uint32_t mid = (lo + hi + 1) >> 1;
+		if (a[mid].*key <= x)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
 __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float bf1(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }

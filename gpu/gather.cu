@@ -486,17 +486,7 @@ struct gpu_devmap {
 __host__ __device__ static inline uint32_t dm_find(const struct gpu_dm_seg *segs,
 						   uint32_t n, uint64_t id)
 {
-	uint32_t lo = 0, hi = n - 1;
-
-	while (lo < hi) {
-		uint32_t mid = (lo + hi + 1) >> 1;
-
-		if (segs[mid].first <= id)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	return lo;
+	return last_le(segs, n, &gpu_dm_seg::first, id);
 }
 
 /* Block @j of @g: byte offsets and lengths of its values and bitmaps. */
