@@ -44,9 +44,25 @@
 /* Rows of one segment's rotated query in the scratch: q'[c][P] for
  * c < dk, then row GPU_MAX_D holds qperp[h] (the remainder's norm). */
 #define QR_ROWS (GPU_MAX_D + 1)
+/* The score's query split by sign, per segment: row c holds q'⁺ (P floats)
+ * then q'⁻ (P floats). */
+#define QPM_FLOATS(P) (GPU_MAX_D * 2 * (P))
+#define SCORE_T 256    /* score kernel: blocks per tile (a thread each) */
+#define SCORE_SMAX 32  /* summary channels a tile stages in shared memory */
+
+/* A score tile: SCORE_T consecutive blocks of a context, described by qrot
+ * for the segment holding its first block (rows past that segment's end
+ * are scored from global memory). */
+struct score_tile {
+	const uint16_t *mn, *mx; /* the segment's summaries at row j0 */
+	const uint16_t *rest;    /* remainder bounds at row j0, or NULL */
+	uint32_t si, j0, nrow, S; /* segment, first row, rows in it, channels */
+	uint32_t b, n, staged, pad_; /* staged: summaries copied by cp.async */
+	uint32_t pad2_[2];
+};
 
 struct ws_layout {
-	size_t qr, scores, ntok, sel, selseg, selkey, chunk, counts, part_o, part_ml;
+	size_t qr, qpm, tiles, scores, ntok, sel, selseg, selkey, chunk, counts, part_o, part_ml;
 	size_t per_head;
 	size_t base; /* per-head regions start here; histograms before */
 	uint32_t max_chunks, buf_chunks, win_tiles, slots;
@@ -75,6 +91,10 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 	size_t off = 0;
 	L.qr = off;
 	off += al256((ns + 1) * QR_ROWS * NQP(a->nq) * sizeof(float));
+	L.qpm = off;
+	off += al256(ns * QPM_FLOATS(NQP(a->nq)) * sizeof(float));
+	L.tiles = off;
+	off += al256((nb / SCORE_T + 1) * sizeof(struct score_tile));
 	L.scores = off;
 	off += al256(nb * sizeof(float));
 	L.ntok = off;
@@ -144,23 +164,24 @@ __device__ __forceinline__ uint32_t fkey(float f)
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-template <int NQ>
+/* NQ floats from @p (16-byte aligned); LDG: read-only global data. */
+template <int NQ, bool LDG = false>
 __device__ __forceinline__ void loadq(const float *p, float (&v)[NQ])
 {
 	if constexpr (NQ % 4 == 0) {
 #pragma unroll
 		for (int i = 0; i < NQ; i += 4) {
-			float4 t = *(const float4 *)(p + i);
+			float4 t = LDG ? __ldg((const float4 *)(p + i)) : *(const float4 *)(p + i);
 			v[i] = t.x; v[i + 1] = t.y; v[i + 2] = t.z; v[i + 3] = t.w;
 		}
 	} else if constexpr (NQ == 3) {
-		float4 t = *(const float4 *)p;
+		float4 t = LDG ? __ldg((const float4 *)p) : *(const float4 *)p;
 		v[0] = t.x; v[1] = t.y; v[2] = t.z;
 	} else if constexpr (NQ == 2) {
-		float2 t = *(const float2 *)p;
+		float2 t = LDG ? __ldg((const float2 *)p) : *(const float2 *)p;
 		v[0] = t.x; v[1] = t.y;
 	} else {
-		v[0] = p[0];
+		v[0] = LDG ? __ldg(p) : p[0];
 	}
 }
 
@@ -203,28 +224,73 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	asm volatile("cp.async.wait_group 0;" ::: "memory");
 	__syncthreads();
 	float *qr = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * QR_ROWS * P;
-	for (uint32_t o = threadIdx.x; o < dk * NQ; o += blockDim.x) {
-		uint32_t c = o / NQ, h = o % NQ;
+	/* for the score: q' split by sign over the summary channels, and the
+	 * segment of each score tile's first block (a hint the score checks) */
+	float *qpm = si < nseg ? WSP(float, L, qpm, ws, blockIdx.y) + (size_t)si * QPM_FLOATS(P)
+			       : NULL;
+	uint32_t S = min(sg->S, dk);
+	if (si < nseg) {
+		struct score_tile *tl = WSP(struct score_tile, L, tiles, ws, blockIdx.y);
+		uint32_t t0 = (sg->block0 + SCORE_T - 1) / SCORE_T;
+		uint32_t t1 = (sg->block0 + sg->n_blocks + SCORE_T - 1) / SCORE_T;
+		for (uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+			struct score_tile x = {};
+			x.j0 = t * SCORE_T - sg->block0;
+			x.S = sg->S;
+			x.mn = sg->s_min + (size_t)x.j0 * x.S;
+			x.mx = sg->s_max + (size_t)x.j0 * x.S;
+			x.rest = sg->s_rest ? sg->s_rest + x.j0 : NULL;
+			x.si = si;
+			x.nrow = min(SCORE_T, sg->n_blocks - x.j0);
+			x.b = sg->b;
+			x.n = sg->n;
+			x.staged = x.S <= SCORE_SMAX && x.S <= dk && (x.S & 7) == 0 &&
+				   (((uintptr_t)x.mn | (uintptr_t)x.mx) & 15) == 0;
+			tl[t] = x;
+		}
+	}
+	/* a thread per row c, all heads at once: the query's 8-float rows
+	 * are broadcasts, each R element is loaded and widened once; per
+	 * (c, h) the same sequential fmaf chain over j as before */
+	for (uint32_t c = threadIdx.x; c < dk; c += blockDim.x) {
 		const uint16_t *row = Rs + c * QROT_LD;
-		float acc = 0.0f;
+		float acc[NQ];
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			acc[h] = 0.0f;
 		for (uint32_t j8 = 0; j8 < d / 8; j8++) {
 			uint4 w = *(const uint4 *)(row + j8 * 8);
 			float x[8];
 			unpack8(w, x);
 #pragma unroll
-			for (int e = 0; e < 8; e++)
-				acc = fmaf(x[e], qsm[(j8 * 8 + e) * 8 + h], acc);
+			for (int e = 0; e < 8; e++) {
+				float qv[NQ];
+				loadq<NQ>(qsm + (j8 * 8 + e) * 8, qv);
+#pragma unroll
+				for (int h = 0; h < NQ; h++)
+					acc[h] = fmaf(x[e], qv[h], acc[h]);
+			}
 		}
-		qr[(size_t)c * P + h] = acc;
-		qrs[c * 8 + h] = acc;
+#pragma unroll
+		for (int h = 0; h < NQ; h++) {
+			qr[(size_t)c * P + h] = acc[h];
+			qrs[c * 8 + h] = acc[h];
+			if (qpm && c < S) {
+				qpm[c * 2 * P + h] = fmaxf(acc[h], 0.0f);
+				qpm[c * 2 * P + P + h] = fminf(acc[h], 0.0f);
+			}
+		}
 	}
 	__syncthreads();
-	/* qperp: the CPU's sums (query_perp), sequential, unfused */
+	/* qperp: the CPU's sums (query_perp), sequential, unfused (unrolled:
+	 * the same order, without a loop's branch per term) */
 	if (threadIdx.x < NQ) {
-		uint32_t h = threadIdx.x, S = min(sg->S, dk);
+		uint32_t h = threadIdx.x;
 		float nq = 0.0f, ns = 0.0f;
+#pragma unroll 16
 		for (uint32_t j = 0; j < d; j++)
 			nq = __fadd_rn(nq, __fmul_rn(qsm[j * 8 + h], qsm[j * 8 + h]));
+#pragma unroll 8
 		for (uint32_t c = 0; c < S; c++)
 			ns = __fadd_rn(ns, __fmul_rn(qrs[c * 8 + h], qrs[c * 8 + h]));
 		qr[(size_t)GPU_MAX_D * P + h] = sqrtf(fmaxf(0.0f, nq - ns));
@@ -247,34 +313,23 @@ __device__ __forceinline__ uint32_t qpm_row(uint32_t c)
 {
 	return c * 2 * NQP(NQ);
 }
-#define QPM_FLOATS(P) (GPU_MAX_D * 2 * (P))
 
-/* q⁺ and q⁻ of channel c: from a split query in shared memory (SPLIT), or
- * split here from a plain one (rows of NQP floats). */
-template <int NQ, bool SPLIT>
+/* q⁺ and q⁻ of channel c from a split query (qpm_row's layout): in shared
+ * memory, or (LDG) in read-only global memory. */
+template <int NQ, bool LDG>
 __device__ __forceinline__ void load_pm(const float *q, uint32_t c, float (&qp)[NQ],
 					float (&qn)[NQ])
 {
-	if constexpr (SPLIT) {
-		loadq<NQ>(q + qpm_row<NQ>(c), qp);
-		loadq<NQ>(q + qpm_row<NQ>(c) + NQP(NQ), qn);
-	} else {
-		float v[NQ];
-		loadq<NQ>(q + (size_t)c * NQP(NQ), v);
-#pragma unroll
-		for (int h = 0; h < NQ; h++) {
-			qp[h] = fmaxf(v[h], 0.0f);
-			qn[h] = fminf(v[h], 0.0f);
-		}
-	}
+	loadq<NQ, LDG>(q + qpm_row<NQ>(c), qp);
+	loadq<NQ, LDG>(q + qpm_row<NQ>(c) + NQP(NQ), qn);
 }
 
 /*
  * A block's score: Σ_c max(q_c mn_c, q_c mx_c) over S channels, plus
  * @qperp (NQ floats, may be NULL: Quest) times @rest, max over the heads.
- * The query split by sign: SPLIT, @qpm holds per channel c q⁺ = max(q, 0)
- * at qpm_row(c) and q⁻ = min(q, 0) P floats later; else @qpm is the plain
- * query (rows of P floats), split as it is read.
+ * @qpm holds the query split by sign: per channel c, q⁺ = max(q, 0) at
+ * qpm_row(c) and q⁻ = min(q, 0) P floats later; in shared memory, or in
+ * global memory when LDG (then @qperp too).
  * max(q·mn, q·mx) is the product with mx where q ≥ 0 and with mn where
  * q < 0 (mn ≤ mx), so q⁻·mn + q⁺·mx — one of them an exact zero — is that
  * product rounded once: the CPU's score (which takes the max of both
@@ -282,53 +337,52 @@ __device__ __forceinline__ void load_pm(const float *q, uint32_t c, float (&qp)[
  * Vector loads where S is a multiple of 8 and @mn, @mx are 16-byte
  * aligned, else one by one.
  */
-template <int NQ, bool SPLIT = true>
-__device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
-						const uint16_t *mx, uint32_t S,
-						const float *qperp = NULL, float rest = 0.0f)
+/* A 32-channel piece of a block's summaries (channels c32 .. c32 + 31 of
+ * @mn and @mx, those below S), loaded at once. */
+struct sum32 {
+	uint4 a[4], b[4];
+};
+
+__device__ __forceinline__ void sum32_load(struct sum32 &r, const uint16_t *mn, const uint16_t *mx,
+					   uint32_t c32, uint32_t S)
 {
-	float acc[NQ];
 #pragma unroll
-	for (int h = 0; h < NQ; h++)
-		acc[h] = 0.0f;
-	const bool vec = (S & 7) == 0 && (((uintptr_t)mn | (uintptr_t)mx) & 15) == 0;
-	for (uint32_t c = 0; !vec && c < S; c++) {
-		float qp[NQ], qn[NQ], fa = bf1(mn[c]), fb = bf1(mx[c]);
-		load_pm<NQ, SPLIT>(qpm, c, qp, qn);
+	for (int u = 0; u < 4; u++)
+		if (c32 + 8 * u < S) {
+			r.a[u] = __ldg((const uint4 *)(mn + c32 + 8 * u));
+			r.b[u] = __ldg((const uint4 *)(mx + c32 + 8 * u));
+		}
+}
+
+template <int NQ, bool LDG>
+__device__ __forceinline__ void sum32_acc(float (&acc)[NQ], const float *qpm, const struct sum32 &r,
+					  uint32_t c32, uint32_t S)
+{
 #pragma unroll
-		for (int h = 0; h < NQ; h++)
-			acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa, __fmul_rn(qp[h], fb)));
-	}
-	for (uint32_t c32 = 0; vec && c32 < S; c32 += 32) {
-		/* up to 8 loads in flight before the math */
-		uint4 a[4], b[4];
+	for (int u = 0; u < 4; u++) {
+		if (c32 + 8 * u >= S)
+			break;
+		float fa[8], fb[8];
+		unpack8(r.a[u], fa);
+		unpack8(r.b[u], fb);
 #pragma unroll
-		for (int u = 0; u < 4; u++)
-			if (c32 + 8 * u < S) {
-				a[u] = __ldg((const uint4 *)(mn + c32 + 8 * u));
-				b[u] = __ldg((const uint4 *)(mx + c32 + 8 * u));
-			}
+		for (int e = 0; e < 8; e++) {
+			float qp[NQ], qn[NQ];
+			load_pm<NQ, LDG>(qpm, c32 + 8 * u + e, qp, qn);
 #pragma unroll
-		for (int u = 0; u < 4; u++) {
-			if (c32 + 8 * u >= S)
-				break;
-			float fa[8], fb[8];
-			unpack8(a[u], fa);
-			unpack8(b[u], fb);
-#pragma unroll
-			for (int e = 0; e < 8; e++) {
-				float qp[NQ], qn[NQ];
-				load_pm<NQ, SPLIT>(qpm, c32 + 8 * u + e, qp, qn);
-#pragma unroll
-				for (int h = 0; h < NQ; h++)
-					acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa[e],
-									     __fmul_rn(qp[h], fb[e])));
-			}
+			for (int h = 0; h < NQ; h++)
+				acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa[e], __fmul_rn(qp[h], fb[e])));
 		}
 	}
+}
+
+/* The remainder term and the maximum over the heads. */
+template <int NQ, bool LDG>
+__device__ __forceinline__ float score_finish(float (&acc)[NQ], const float *qperp, float rest)
+{
 	if (qperp) {
 		float qv[NQ];
-		loadq<NQ>(qperp, qv);
+		loadq<NQ, LDG>(qperp, qv);
 #pragma unroll
 		for (int h = 0; h < NQ; h++)
 			acc[h] = __fadd_rn(acc[h], __fmul_rn(qv[h], rest));
@@ -338,6 +392,37 @@ __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t
 	for (int h = 1; h < NQ; h++)
 		best = fmaxf(best, acc[h]);
 	return best;
+}
+
+/* Summaries loadable as 16-byte vectors. */
+__device__ __forceinline__ bool sum_vec(const uint16_t *mn, const uint16_t *mx, uint32_t S)
+{
+	return (S & 7) == 0 && (((uintptr_t)mn | (uintptr_t)mx) & 15) == 0;
+}
+
+template <int NQ, bool LDG = false>
+__device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
+						const uint16_t *mx, uint32_t S,
+						const float *qperp = NULL, float rest = 0.0f)
+{
+	float acc[NQ];
+#pragma unroll
+	for (int h = 0; h < NQ; h++)
+		acc[h] = 0.0f;
+	const bool vec = sum_vec(mn, mx, S);
+	for (uint32_t c = 0; !vec && c < S; c++) {
+		float qp[NQ], qn[NQ], fa = bf1(mn[c]), fb = bf1(mx[c]);
+		load_pm<NQ, LDG>(qpm, c, qp, qn);
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa, __fmul_rn(qp[h], fb)));
+	}
+	for (uint32_t c32 = 0; vec && c32 < S; c32 += 32) {
+		struct sum32 r; /* up to 8 loads in flight before the math */
+		sum32_load(r, mn, mx, c32, S);
+		sum32_acc<NQ, LDG>(acc, qpm, r, c32, S);
+	}
+	return score_finish<NQ, LDG>(acc, qperp, rest);
 }
 
 /* Stage @n channels of a query (@q: c·@ldq + h) split by sign into @qpm
@@ -355,21 +440,32 @@ __device__ __forceinline__ void stage_qpm(float *qpm, const float *q, uint32_t n
 	}
 }
 
-/* Add block gb's weight to the context's key histograms: warp-aggregated
- * into shared memory (hi) and straight to global memory (lo).  All lanes
- * of the warp must call it. */
+/*
+ * Add a block's weight to the context's key histograms: the coarse one
+ * (bits 31..21) in shared memory, flushed by hist_flush (scores crowd into
+ * a few of its bins: global atomics would queue on them), the fine one
+ * (bits 31..16) straight to global memory.  Lanes with equal bins add
+ * once; their sum is a popcount times the weight when the warp's weights
+ * are equal (full blocks: nearly always), else a reduction (which, over a
+ * non-uniform mask, the compiler makes a loop over the lane groups).  All
+ * lanes of the warp must call it.
+ */
 __device__ __forceinline__ void hist_add(uint32_t *sh_hi, uint32_t *g_lo, bool valid, float sc,
 					 uint32_t w)
 {
+	const uint32_t all = 0xffffffffu;
 	uint32_t k = fkey(sc);
-	uint32_t hb = valid ? k >> 21 : 0xffffffffu, lb = valid ? k >> 16 : 0xffffffffu;
+	uint32_t hb = valid ? k >> 21 : all, lb = valid ? k >> 16 : all;
 	uint32_t lane = threadIdx.x & 31;
-	uint32_t peers = __match_any_sync(0xffffffffu, hb);
-	uint32_t sum = __reduce_add_sync(peers, valid ? w : 0u);
+	uint32_t wv = valid ? w : 0u;
+	uint32_t w0 = __shfl_sync(all, wv, __ffs(__ballot_sync(all, valid) | 0x80000000u) - 1);
+	bool uni = __all_sync(all, !valid || wv == w0);
+	uint32_t peers = __match_any_sync(all, hb);
+	uint32_t sum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);
 	if (valid && lane == (uint32_t)(__ffs(peers) - 1))
 		atomicAdd(&sh_hi[hb], sum);
-	peers = __match_any_sync(0xffffffffu, lb);
-	sum = __reduce_add_sync(peers, valid ? w : 0u);
+	peers = __match_any_sync(all, lb);
+	sum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);
 	if (valid && lane == (uint32_t)(__ffs(peers) - 1))
 		atomicAdd(&g_lo[lb], sum);
 }
@@ -382,65 +478,230 @@ __device__ __forceinline__ void hist_flush(const uint32_t *sh_hi, uint32_t *g_hi
 			atomicAdd(&g_hi[i], sh_hi[i]);
 }
 
-template <int NQ>
-__global__ void __launch_bounds__(256) k_score(const struct gpu_head *heads, char *ws,
-					       struct ws_layout L)
+/* A segment's fields the score reads, in one round trip. */
+struct score_seg {
+	const uint16_t *mn, *mx, *rest;
+	uint32_t block0, S, b, n;
+};
+
+__device__ __forceinline__ struct score_seg score_seg_of(const struct gpu_seg *sg)
 {
-	__shared__ uint32_t sh_hi[HIST_HI];
+	struct score_seg v;
+	v.mn = sg->s_min;
+	v.mx = sg->s_max;
+	v.rest = sg->s_rest;
+	v.block0 = sg->block0;
+	v.S = sg->S;
+	v.b = sg->b;
+	v.n = sg->n;
+	return v;
+}
+
+__device__ __forceinline__ void cp16(void *dst, const void *src)
+{
+	uint32_t sa = (uint32_t)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src));
+}
+
+/* A tile's staged copy: summaries (16-byte pieces, swizzled so that the
+ * lanes' row reads hit distinct banks) and the segment's split query. */
+template <int P>
+struct score_stage {
+	uint4 mn[SCORE_T * SCORE_SMAX / 8], mx[SCORE_T * SCORE_SMAX / 8];
+	float q[SCORE_SMAX * 2 * P];
+};
+
+template <int P>
+struct score_smem {
+	struct score_stage<P> st[2];
+	struct score_tile d[4]; /* descriptors, a ring: tile i at i % 4 */
+	uint32_t hi[HIST_HI];
+};
+
+/* Descriptor of tile @i to the ring (4 lanes, 16 bytes each). */
+template <int P>
+__device__ __forceinline__ void score_desc(struct score_smem<P> &sm, const struct score_tile *tl,
+					   uint32_t i)
+{
+	static_assert(sizeof(struct score_tile) == 64, "four 16-byte pieces");
+	if (threadIdx.x < 4)
+		cp16((uint4 *)&sm.d[i & 3] + threadIdx.x, (const uint4 *)&tl[i] + threadIdx.x);
+}
+
+/* Piece p of a tile's rows lives at sw16(p): an XOR within each 128-byte
+ * line, by the line's index, so 8 lanes reading 16 bytes of 8 consecutive
+ * rows (1, 2 or 4 pieces a row) touch 8 distinct bank groups. */
+__device__ __forceinline__ uint32_t sw16(uint32_t p) { return p ^ ((p >> 3) & 7); }
+
+template <int P>
+__device__ __forceinline__ void score_issue(struct score_stage<P> &st, const struct score_tile &t,
+					   const float *qpm)
+{
+	if (!t.staged)
+		return;
+	uint32_t np = t.nrow * (t.S / 8);
+	for (uint32_t p = threadIdx.x; p < np; p += SCORE_T) {
+		cp16(&st.mn[sw16(p)], t.mn + 8 * p);
+		cp16(&st.mx[sw16(p)], t.mx + 8 * p);
+	}
+	for (uint32_t p = threadIdx.x; p < t.S * 2 * P / 4; p += SCORE_T)
+		cp16(&st.q[4 * p], qpm + 4 * p);
+}
+
+/* A block scored from global memory: a tile that is not staged (@here),
+ * or a row past the tile's segment.  Returns the score and, in .y, the
+ * block's tokens.  Out of line: the staged path's registers stay its own. */
+template <int NQ>
+static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
+						   const struct score_tile &cur, const float *qr,
+						   const float *qpm, uint32_t gb, uint32_t row, bool here)
+{
+	constexpr int P = NQP(NQ);
+	uint32_t si = cur.si, j = cur.j0 + row, S = cur.S, b = cur.b, n = cur.n;
+	const uint16_t *mn = cur.mn + (size_t)row * S, *mx = cur.mx + (size_t)row * S;
+	const uint16_t *rest = cur.rest ? cur.rest + row : NULL;
+	if (!here) {
+		si = seg_of_block(H->segs, H->nseg, gb);
+		struct score_seg v = score_seg_of(&H->segs[si]);
+		j = gb - v.block0;
+		S = v.S;
+		b = v.b;
+		n = v.n;
+		mn = v.mn + (size_t)j * S;
+		mx = v.mx + (size_t)j * S;
+		rest = v.rest ? v.rest + j : NULL;
+	}
+	const float *qperp = qr + (size_t)si * QR_ROWS * P + (size_t)GPU_MAX_D * P;
+	float sc = bound_score_pm<NQ, true>(qpm + (size_t)si * QPM_FLOATS(P), mn, mx, S, qperp,
+					    rest ? bf1(*rest) : 0.0f);
+	return make_float2(sc, __uint_as_float(min(b, n - j * b)));
+}
+
+/*
+ * The score: one thread per block of a tile, K tiles per CTA (the host
+ * sizes K so that one wave of CTAs covers the contexts).  A tile's
+ * summaries are copied to shared memory by cp.async one tile ahead, so
+ * each CTA keeps a whole tile's bytes in flight while it scores the
+ * previous one; the tiles' descriptors (qrot's) are loaded two ahead.
+ * Rows past the tile's segment (a tile across a segment boundary), and
+ * tiles whose summaries cannot be staged (S > SCORE_SMAX, or S not a
+ * multiple of 8), are scored from global memory.  Same arithmetic as
+ * bound_score_pm either way.
+ */
+template <int NQ>
+__global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
+						   struct ws_layout L, uint32_t K)
+{
+	constexpr int P = NQP(NQ);
+	extern __shared__ __align__(16) unsigned char score_dyn[];
+	struct score_smem<P> &sm = *(struct score_smem<P> *)score_dyn;
 	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t nb = H->n_blocks;
-	if (blockIdx.x * blockDim.x >= nb)
+	uint32_t ntile = (nb + SCORE_T - 1) / SCORE_T, T0 = blockIdx.x * K;
+	if (T0 >= ntile)
 		return; /* whole CTA */
-	for (uint32_t i = threadIdx.x; i < HIST_HI; i += blockDim.x)
-		sh_hi[i] = 0;
-	__syncthreads();
-	constexpr int P = NQP(NQ);
-	/* the query of the CTA's segment split by sign, when all its blocks
-	 * lie in one segment (the usual case) */
-	__shared__ __align__(16) float qpm[QPM_FLOATS(P)];
-	__shared__ uint32_t sh_si0, sh_one;
-	if (threadIdx.x == 0) {
-		uint32_t b0 = blockIdx.x * blockDim.x, last = min(nb, b0 + blockDim.x) - 1;
-		uint32_t si0 = seg_of_block(H->segs, H->nseg, b0);
-		sh_si0 = si0;
-		sh_one = si0 + 1 >= H->nseg || H->segs[si0 + 1].block0 > last;
-	}
-	__syncthreads();
-	const bool one = sh_one;
-	if (one) {
-		const struct gpu_seg *sg = &H->segs[sh_si0];
-		stage_qpm<NQ>(qpm, WSP(float, L, qr, ws, blockIdx.y) + (size_t)sh_si0 * QR_ROWS * P,
-			      sg->S, P, 1);
-		__syncthreads();
-	}
-	uint32_t gb = blockIdx.x * blockDim.x + threadIdx.x;
-	bool valid = gb < nb;
-	float sc = 0.0f;
-	uint32_t w = 0;
-	if (valid) {
-		/* usually the CTA's first segment; else walk forward */
-		uint32_t si = sh_si0;
-		while (si + 1 < H->nseg && H->segs[si + 1].block0 <= gb)
-			si++;
-		const struct gpu_seg *sg = &H->segs[si];
-		uint32_t j = gb - sg->block0, S = sg->S;
-		const float *qp = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * QR_ROWS * P;
-		float rest = sg->s_rest ? bf1(sg->s_rest[j]) : 0.0f;
-		if (one)
-			sc = bound_score_pm<NQ>(qpm, sg->s_min + (size_t)j * S,
-						sg->s_max + (size_t)j * S, S,
-						qp + (size_t)GPU_MAX_D * P, rest);
-		else /* the CTA spans segments: the query split here */
-			sc = bound_score_pm<NQ, false>(qp, sg->s_min + (size_t)j * S,
-						       sg->s_max + (size_t)j * S, S,
-						       qp + (size_t)GPU_MAX_D * P, rest);
-		w = min(sg->b, sg->n - j * sg->b);
-		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
-		WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
-	}
+	uint32_t nt = min(K, ntile - T0);
+	const struct score_tile *tl = WSP(const struct score_tile, L, tiles, ws, blockIdx.y) + T0;
+	const float *qpm = WSP(const float, L, qpm, ws, blockIdx.y);
+	const float *qr = WSP(const float, L, qr, ws, blockIdx.y);
+	float *scores = WSP(float, L, scores, ws, blockIdx.y);
+	uint8_t *ntok = WSP(uint8_t, L, ntok, ws, blockIdx.y);
 	uint32_t *hist = HIST(ws, blockIdx.y);
-	hist_add(sh_hi, hist + HIST_HI, valid && gb >= 1, sc, w);
-	hist_flush(sh_hi, hist);
+	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
+		sm.hi[i] = 0;
+	/* prologue: descriptors 0 and 1, then tile 0 */
+	score_desc<P>(sm, tl, 0);
+	if (nt > 1)
+		score_desc<P>(sm, tl, 1);
+	asm volatile("cp.async.commit_group;");
+	asm volatile("cp.async.wait_group 0;" ::: "memory");
+	__syncthreads();
+	score_issue<P>(sm.st[0], sm.d[0], qpm + (size_t)sm.d[0].si * QPM_FLOATS(P));
+	asm volatile("cp.async.commit_group;");
+	const uint32_t row = threadIdx.x;
+	for (uint32_t i = 0; i < nt; i++) {
+		/* tile i's rows and descriptor i + 1 have landed; stage (i + 1) & 1
+		 * and ring slot (i + 2) & 3 were last read before this barrier */
+		asm volatile("cp.async.wait_group 0;" ::: "memory");
+		__syncthreads();
+		if (i + 1 < nt) {
+			const struct score_tile &dn = sm.d[(i + 1) & 3];
+			score_issue<P>(sm.st[(i + 1) & 1], dn, qpm + (size_t)dn.si * QPM_FLOATS(P));
+		}
+		if (i + 2 < nt)
+			score_desc<P>(sm, tl, i + 2);
+		asm volatile("cp.async.commit_group;");
+		const struct score_tile &cur = sm.d[i & 3];
+		uint32_t gb = (T0 + i) * SCORE_T + row;
+		bool valid = gb < nb, here = valid && row < cur.nrow;
+		const float *qperp = qr + (size_t)cur.si * QR_ROWS * P + (size_t)GPU_MAX_D * P;
+		float sc = 0.0f;
+		uint32_t w = 0;
+		if (here && cur.staged) {
+			float rest = cur.rest ? bf1(__ldg(cur.rest + row)) : 0.0f;
+			const struct score_stage<P> &st = sm.st[i & 1];
+			uint32_t S = cur.S, pr = S / 8;
+			float acc[NQ];
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				acc[h] = 0.0f;
+			/* a piece at a time (bound_score_pm's order): no arrays of
+			 * pieces held across the products */
+#pragma unroll
+			for (int u = 0; u < SCORE_SMAX / 8; u++) {
+				if ((uint32_t)u >= pr)
+					break;
+				float fa[8], fb[8];
+				unpack8(st.mn[sw16(row * pr + u)], fa);
+				unpack8(st.mx[sw16(row * pr + u)], fb);
+#pragma unroll
+				for (int e = 0; e < 8; e++) {
+					float qp[NQ], qn[NQ];
+					load_pm<NQ, false>(st.q, 8 * u + e, qp, qn);
+#pragma unroll
+					for (int h = 0; h < NQ; h++)
+						acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa[e],
+										     __fmul_rn(qp[h], fb[e])));
+				}
+			}
+			sc = score_finish<NQ, true>(acc, qperp, rest);
+			w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
+		} else if (valid) {
+			float2 r = score_global<NQ>(H, cur, qr, qpm, gb, row, here);
+			sc = r.x;
+			w = __float_as_uint(r.y);
+		}
+		if (valid) {
+			scores[gb] = sc;
+			ntok[gb] = (uint8_t)w;
+		}
+		hist_add(sm.hi, hist + HIST_HI, valid && gb >= 1, sc, w);
+	}
+	hist_flush(sm.hi, hist);
+}
+
+/* Tiles per score CTA: one wave of CTAs over all contexts. */
+template <int NQ>
+static int score_grid(const struct gpu_attn_args *a, uint32_t *K, uint32_t *gx, size_t *smem)
+{
+	*smem = sizeof(struct score_smem<NQP(NQ)>);
+	GPU_CK(cudaFuncSetAttribute(k_score<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				    (int)*smem));
+	int dev = 0, nsm = 0, per = 0;
+	GPU_CK(cudaGetDevice(&dev));
+	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_score<NQ>, SCORE_T, *smem));
+	uint64_t slots = (uint64_t)(nsm > 0 ? nsm : 1) * (per > 0 ? per : 1);
+	uint64_t tph = (a->max_blocks + SCORE_T - 1) / SCORE_T;
+	uint64_t cph = slots / a->n_heads;
+	if (cph < 1)
+		cph = 1;
+	uint64_t k = (tph + cph - 1) / cph;
+	if (k < 1)
+		k = 1;
+	*K = (uint32_t)k;
+	*gx = (uint32_t)((tph + k - 1) / k);
+	return 0;
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
@@ -3146,60 +3407,89 @@ __global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head
 }
 
 /* ------------------------------------------------------------------ */
-/* merge: grid (H, NQ), 8 slot groups × D channels.                    */
+/* merge: grid (H, NQ); a thread per 4 channels and slot group.          */
 
+#define MERGE_T 1024
+#define MERGE_U 8 /* slots in flight per thread */
+
+/*
+ * Flash-decoding merge of a context's partial states (slots: m in the exp2
+ * domain, l, unnormalized o).  Every thread folds its slots online (a
+ * running maximum, rescaled when it grows), all loads of a round issued
+ * before any math: one or two rounds of L2 loads per thread instead of a
+ * pass for the maximum and then the sums; then the groups' states are
+ * combined in shared memory.  Slots with l = 0 are empty.
+ */
 template <int D>
-__global__ void __launch_bounds__(8 * D) k_merge(uint32_t nq, char *ws, struct ws_layout L,
-						 float *out)
+__global__ void __launch_bounds__(MERGE_T) k_merge(uint32_t nq, char *ws, struct ws_layout L,
+						   float *out)
 {
+	constexpr int NC = D / 4, G = MERGE_T / NC;
 	uint32_t hi = blockIdx.x, h = blockIdx.y;
 	const float *po = WSP(float, L, part_o, ws, hi);
 	const float *pml = WSP(float, L, part_ml, ws, hi);
-	__shared__ float red[8 * D];
-	__shared__ float redl[8 * D];
-	__shared__ float mred[32];
-	uint32_t ns = L.slots;
-	float M = -INFINITY;
-	for (uint32_t s = threadIdx.x; s < ns; s += blockDim.x)
-		if (pml[(s * nq + h) * 2 + 1] > 0.0f)
-			M = fmaxf(M, pml[(s * nq + h) * 2]);
-	M = warp_max(M);
-	if ((threadIdx.x & 31) == 0)
-		mred[threadIdx.x >> 5] = M;
-	__syncthreads();
-	M = -INFINITY;
-	for (int i = 0; i < (int)(blockDim.x >> 5); i++)
-		M = fmaxf(M, mred[i]);
-	uint32_t g = threadIdx.x / D, c = threadIdx.x % D;
-	float o = 0.0f, l = 0.0f;
-	/* independent loads, 8 slots in flight per thread */
-	for (uint32_t s0 = g; s0 < ns; s0 += 64) {
-		float ls[8], ms[8], os[8];
+	__shared__ float4 so[G][NC];
+	__shared__ float sm[G][NC], sl[G][NC];
+	uint32_t ns = L.slots, q4 = threadIdx.x % NC, g = threadIdx.x / NC;
+	float M = -INFINITY, l = 0.0f;
+	float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	for (uint32_t s0 = g; s0 < ns; s0 += G * MERGE_U) {
+		float2 ml[MERGE_U];
+		float4 ov[MERGE_U];
 #pragma unroll
-		for (int u = 0; u < 8; u++) {
-			uint32_t s = s0 + 8 * u;
-			ls[u] = s < ns ? pml[(s * nq + h) * 2 + 1] : 0.0f;
-			ms[u] = s < ns ? pml[(s * nq + h) * 2] : 0.0f;
-			os[u] = s < ns ? po[((size_t)s * nq + h) * D + c] : 0.0f;
-		}
-#pragma unroll
-		for (int u = 0; u < 8; u++)
-			if (ls[u] > 0.0f) {
-				float f = exp2f(ms[u] - M);
-				o = fmaf(f, os[u], o);
-				l = fmaf(f, ls[u], l);
+		for (int u = 0; u < MERGE_U; u++) {
+			uint32_t sl_ = s0 + G * u;
+			if (sl_ < ns) {
+				ml[u] = __ldg((const float2 *)(pml + ((size_t)sl_ * nq + h) * 2));
+				ov[u] = __ldg((const float4 *)(po + ((size_t)sl_ * nq + h) * D) + q4);
+			} else {
+				ml[u] = make_float2(0.0f, 0.0f);
 			}
-	}
-	red[g * D + c] = o;
-	redl[g * D + c] = l;
-	__syncthreads();
-	if (g == 0) {
-		for (int k = 1; k < 8; k++) {
-			o += red[k * D + c];
-			l += redl[k * D + c];
 		}
-		out[((size_t)hi * nq + h) * D + c] = l > 0.0f ? o / l : 0.0f;
+#pragma unroll
+		for (int u = 0; u < MERGE_U; u++) {
+			if (!(ml[u].y > 0.0f))
+				continue;
+			if (ml[u].x > M) {
+				float r = exp2f(M - ml[u].x); /* 0 for the first */
+				M = ml[u].x;
+				l *= r;
+				o.x *= r; o.y *= r; o.z *= r; o.w *= r;
+			}
+			float f = exp2f(ml[u].x - M);
+			l = fmaf(f, ml[u].y, l);
+			o.x = fmaf(f, ov[u].x, o.x);
+			o.y = fmaf(f, ov[u].y, o.y);
+			o.z = fmaf(f, ov[u].z, o.z);
+			o.w = fmaf(f, ov[u].w, o.w);
+		}
 	}
+	so[g][q4] = o;
+	sm[g][q4] = M;
+	sl[g][q4] = l;
+	__syncthreads();
+	if (g != 0)
+		return;
+	float MM = -INFINITY;
+	for (int k = 0; k < G; k++)
+		if (sl[k][q4] > 0.0f)
+			MM = fmaxf(MM, sm[k][q4]);
+	float L_ = 0.0f;
+	float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	for (int k = 0; k < G; k++)
+		if (sl[k][q4] > 0.0f) {
+			float f = exp2f(sm[k][q4] - MM);
+			float4 v = so[k][q4];
+			L_ = fmaf(f, sl[k][q4], L_);
+			O.x = fmaf(f, v.x, O.x);
+			O.y = fmaf(f, v.y, O.y);
+			O.z = fmaf(f, v.z, O.z);
+			O.w = fmaf(f, v.w, O.w);
+		}
+	float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	if (L_ > 0.0f)
+		r = make_float4(O.x / L_, O.y / L_, O.z / L_, O.w / L_);
+	((float4 *)(out + ((size_t)hi * nq + h) * D))[q4] = r;
 }
 
 /* ------------------------------------------------------------------ */
@@ -3774,7 +4064,12 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	k_qrot<NQ><<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d, ws, L);
 	GPU_CKL();
 	if (a->max_blocks) {
-		k_score<NQ><<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(heads, ws, L);
+		uint32_t K, gx;
+		size_t smem;
+		int rc = score_grid<NQ>(a, &K, &gx, &smem);
+		if (rc)
+			return rc;
+		k_score<NQ><<<dim3(gx, a->n_heads), SCORE_T, smem, s>>>(heads, ws, L, K);
 		GPU_CKL();
 	}
 	uint32_t R, gx;
@@ -3823,7 +4118,7 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 			heads, a->q, scale2_of(a), (char *)a->ws, L, a->flags);
 	}
 	GPU_CKL();
-	k_merge<D><<<dim3(a->n_heads, NQ), 8 * D, 0, s>>>(NQ, (char *)a->ws, L, a->out);
+	k_merge<D><<<dim3(a->n_heads, NQ), MERGE_T, 0, s>>>(NQ, (char *)a->ws, L, a->out);
 	GPU_CKL();
 	return 0;
 }
@@ -3869,7 +4164,7 @@ static int launch_dense_tc(const struct gpu_attn_args *a, const struct gpu_dense
 	L.slots = S;
 	kern<<<dim3(S, a->n_heads), 128, smem, s>>>(heads, a->q, scale2_of(a), (char *)a->ws, L, S);
 	GPU_CKL();
-	k_merge<D><<<dim3(a->n_heads, NQ), 8 * D, 0, s>>>(NQ, (char *)a->ws, L, a->out);
+	k_merge<D><<<dim3(a->n_heads, NQ), MERGE_T, 0, s>>>(NQ, (char *)a->ws, L, a->out);
 	GPU_CKL();
 	return 0;
 }
@@ -3915,7 +4210,7 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 	k_attn_dense<NQ, D><<<dim3(L.slots, a->n_heads), 128, 0, s>>>(heads, a->q, scale2_of(a), ws, L,
 								      quest, a->quest_b);
 	GPU_CKL();
-	k_merge<D><<<dim3(a->n_heads, NQ), 8 * D, 0, s>>>(NQ, ws, L, a->out);
+	k_merge<D><<<dim3(a->n_heads, NQ), MERGE_T, 0, s>>>(NQ, ws, L, a->out);
 	GPU_CKL();
 	return 0;
 }
