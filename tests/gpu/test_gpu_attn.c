@@ -393,6 +393,9 @@ Test(gpu, select_llama_shape) { check_select(128, 4, 0.1, 16, 3000); }
 Test(gpu, select_rest_s8_q6) { check_select_s(128, 4, 0.1, 16, 3000, 8, 6); }
 Test(gpu, select_rest_s8_d64_nq3) { check_select_s(64, 3, 0.2, 16, 2000, 8, 0); }
 Test(gpu, select_rest_full_s) { check_select_s(128, 2, 0.1, 16, 2000, 96, 6); }
+/* the score's unstaged path (S not a multiple of 8) and eight heads staged */
+Test(gpu, select_rest_s12_unstaged) { check_select_s(128, 4, 0.1, 16, 3000, 12, 0); }
+Test(gpu, select_nq8_s32) { check_select_s(128, 8, 0.15, 16, 3000, 32, 6); }
 Test(gpu, select_many_blocks) { check_select(128, 4, 0.1, 8, 20000); }
 Test(gpu, select_d64_nq2) { check_select(64, 2, 0.37, 16, 900); }
 Test(gpu, select_tiny_budget) { check_select(128, 1, 0.001, 32, 1000); }
