@@ -28,7 +28,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
   echo "== compute-sanitizer"
   for tool in memcheck racecheck; do
     for t in ${SAN_TESTS:-test_gpu_attn test_gpu_pack}; do
-      timeout ${SAN_T:-60} compute-sanitizer --tool $tool --target-processes all --print-limit 20 \
+      timeout ${SAN_T:-200} compute-sanitizer --tool $tool --target-processes all --print-limit 20 \
         $B/tests/gpu/$t > "$OUT/san_${tool}_$t.log" 2>&1
       echo "$tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$OUT/san_${tool}_$t.log" | tr '\n' ' ')"
     done

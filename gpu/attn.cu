@@ -9,7 +9,9 @@
  * (select is one launch, or two for few long contexts):
  *   qrot    q'_seg = R_k,seg q for every segment (R_k read once per step),
  *           and per query head qperp = sqrt(max(0, |q|² − |q'_{0..S-1}|²));
- *   score   one thread per block: Σ_c max(q'_c min_c, q'_c max_c) over the
+ *           also q' split by sign and the score tiles' descriptors;
+ *   score   one thread per block, tiles of 256 blocks staged in shared
+ *           memory one ahead: Σ_c max(q'_c min_c, q'_c max_c) over the
  *           first S channels plus qperp · rest (the block's remainder
  *           bound), max over the group's query heads — the CPU's operation
  *           order and rounded products, so equal q' give equal scores;
