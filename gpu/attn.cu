@@ -326,19 +326,6 @@ __device__ __forceinline__ void load_pm(const float *q, uint32_t c, float (&qp)[
 	loadq<NQ, LDG>(q + qpm_row<NQ>(c) + NQP(NQ), qn);
 }
 
-/*
- * A block's score: Σ_c max(q_c mn_c, q_c mx_c) over S channels, plus
- * @qperp (NQ floats, may be NULL: Quest) times @rest, max over the heads.
- * @qpm holds the query split by sign: per channel c, q⁺ = max(q, 0) at
- * qpm_row(c) and q⁻ = min(q, 0) P floats later; in shared memory, or in
- * global memory when LDG (then @qperp too).
- * max(q·mn, q·mx) is the product with mx where q ≥ 0 and with mn where
- * q < 0 (mn ≤ mx), so q⁻·mn + q⁺·mx — one of them an exact zero — is that
- * product rounded once: the CPU's score (which takes the max of both
- * products) in three instructions per channel and head instead of four.
- * Vector loads where S is a multiple of 8 and @mn, @mx are 16-byte
- * aligned, else one by one.
- */
 /* A 32-channel piece of a block's summaries (channels c32 .. c32 + 31 of
  * @mn and @mx, those below S), loaded at once. */
 struct sum32 {
@@ -402,6 +389,19 @@ __device__ __forceinline__ bool sum_vec(const uint16_t *mn, const uint16_t *mx, 
 	return (S & 7) == 0 && (((uintptr_t)mn | (uintptr_t)mx) & 15) == 0;
 }
 
+/*
+ * A block's score: Σ_c max(q_c mn_c, q_c mx_c) over S channels, plus
+ * @qperp (NQ floats, may be NULL: Quest) times @rest, max over the heads.
+ * @qpm holds the query split by sign: per channel c, q⁺ = max(q, 0) at
+ * qpm_row(c) and q⁻ = min(q, 0) P floats later; in shared memory, or in
+ * global memory when LDG (then @qperp too).
+ * max(q·mn, q·mx) is the product with mx where q ≥ 0 and with mn where
+ * q < 0 (mn ≤ mx), so q⁻·mn + q⁺·mx — one of them an exact zero — is that
+ * product rounded once: the CPU's score (which takes the max of both
+ * products) in three instructions per channel and head instead of four.
+ * Vector loads where S is a multiple of 8 and @mn, @mx are 16-byte
+ * aligned, else one by one.
+ */
 template <int NQ, bool LDG = false>
 __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
 						const uint16_t *mx, uint32_t S,
