@@ -15,7 +15,9 @@
  * q6_w: ours and ours_q6 with GPU_ATTN_WALK, the kernel before the staged
  * path (sub-blocks loaded from global memory by the lanes that decode them;
  * the per-value scatter for ours, r = 32 of 96, and the channel-major walk
- * for ours_q6).
+ * for ours_q6).  ours_3, q6_3: ours and ours_q6 without
+ * GPU_ATTN_SMALL_ROWS (the staged path in its general layout, three CTAs
+ * per SM instead of four).
  * os_1cta, os_many: ours' score+select stages (oscore) with the one-CTA
  * and the many-CTA select forced (GPU_ATTN_SELECT_ONE_CTA / _MANY_CTAS);
  * oscore uses the library's choice by shape.
@@ -122,7 +124,14 @@ static cudaGraphExec_t capture(step_fn f, const struct gpu_attn_args *a, const v
 	return ge;
 }
 
+/* both of the bench's row formats keep the small-rows promise */
 static int f_packed(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SMALL_ROWS;
+	return gpu_attend_packed(&b, h, s);
+}
+static int f_packed_3(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return gpu_attend_packed(a, h, s);
 }
@@ -605,10 +614,10 @@ int main(int argc, char **argv)
 	RC(gpu_attn_ws_init(&amax, st));
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s | %9s %9s | %9s %9s\n",
+	       "%9s | %9s %9s | %9s %9s | %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
-	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many");
+	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
@@ -638,6 +647,7 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_psm = capture(f_packed_ssm, &a, dheads);
 			cudaGraphExec_t g_pc = capture(f_packed_cc, &a, dheads);
 			cudaGraphExec_t g_psc = capture(f_packed_w, &a, dheads);
+			cudaGraphExec_t g_p3 = capture(f_packed_3, &a, dheads);
 			cudaGraphExec_t g_q = capture(f_quest, &a, ddense);
 			cudaGraphExec_t g_qs = capture(f_quest_ss, &a, ddense);
 			cudaGraphExec_t g_d = capture(f_dense, &a, ddense);
@@ -645,14 +655,17 @@ int main(int argc, char **argv)
 			double t_q = time_graph(g_q, 1), t_qs = time_graph(g_qs, 1);
 			double t_d = time_graph(g_d, 1), t_pc = time_graph(g_pc, 1);
 			double t_psc = time_graph(g_psc, 1), t_ps1 = time_graph(g_ps1, 1);
-			double t_psm = time_graph(g_psm, 1);
+			double t_psm = time_graph(g_psm, 1), t_p3 = time_graph(g_p3, 1);
 			/* the serving format's rows (same bytes, 2.5x the values) */
 			make_heads(&s, H, L, dsegs, dheads, ddense, 1);
 			cudaGraphExec_t g_pq = capture(f_packed, &a, dheads);
 			cudaGraphExec_t g_pqs = capture(f_packed_w, &a, dheads);
+			cudaGraphExec_t g_pq3 = capture(f_packed_3, &a, dheads);
 			double t_pq = time_graph(g_pq, 1), t_pqs = time_graph(g_pqs, 1);
+			double t_pq3 = time_graph(g_pq3, 1);
 			cudaGraphExecDestroy(g_pq);
 			cudaGraphExecDestroy(g_pqs);
+			cudaGraphExecDestroy(g_pq3);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			/* bytes the packed step must read: summaries, both rotations of
 			 * every segment, the selected blocks' packed K and V, the window */
@@ -670,10 +683,10 @@ int main(int argc, char **argv)
 			double sd = sdpa_of(B, L);
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
-			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f\n",
+			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
-			       t_pqs, t_ps1, t_psm);
+			       t_pqs, t_ps1, t_psm, t_p3, t_pq3);
 			fflush(stdout);
 			if (B == 1 && L == 1048576) {
 				r_dense1m = t_d / t_p;
@@ -690,6 +703,7 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_psm);
 			cudaGraphExecDestroy(g_pc);
 			cudaGraphExecDestroy(g_psc);
+			cudaGraphExecDestroy(g_p3);
 			cudaGraphExecDestroy(g_q);
 			cudaGraphExecDestroy(g_qs);
 			cudaGraphExecDestroy(g_d);
@@ -702,7 +716,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM)\n", RQ);
 
 	if (once)
 		return 0;

@@ -2759,31 +2759,44 @@ __device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0,
 #define ST_ROWB 128 /* staged row bytes at most: bf16 r <= 64, 6-bit r <= 168 */
 #define ST_NB 4     /* bitmap words per vector at most (d_keep <= 128, g == 1) */
 
+#define ST_SMALL_ROWB 64 /* rows of the small layout (the bench's bf16 r = 32,
+			  * 6-bit r <= 80) */
+
+/* One stage: RB = row bytes at most. */
+template <int RB>
 struct st_stage {
 	uint32_t kbm[16 * ST_NB], vbm[16 * ST_NB];
-	uint4 krow[16 * ST_ROWB / 16];
-	uint4 vrow[16 * ST_ROWB / 16 + 1]; /* +1: a field group's third word may
-					    * reach past the last row */
+	uint4 krow[16 * RB / 16];
+	uint4 vrow[16 * RB / 16 + 1]; /* +1: a field group's third word may
+				       * reach past the last row */
 };
 
+/* LD = 16 KC + 8 halves a tile row: 16-byte rows at a stride of 16 mod
+ * 128 (KC even) or 80 mod 128 (KC = 6): eight rows cover all 32 banks, so
+ * ldmatrix and the expansion's 16-byte stores are conflict-free. */
+template <int KC, int RB>
 struct st_warp {
-	__half k[16 * TK_LD]; /* K̂ [token][channel] */
-	__half v[16 * TK_LD]; /* V̂ [token][channel] */
-	struct st_stage s[2];
+	static constexpr int LD = 16 * KC + 8;
+	__half k[16 * LD]; /* K̂ [token][channel] */
+	__half v[16 * LD]; /* V̂ [token][channel] */
+	struct st_stage<RB> s[2];
 };
 
-template <int NU>
+/* The staged kernel's shared memory.  KC = D / 16, RB = ST_ROWB: 74 KB,
+ * three CTAs per SM; KC = 6 (d_keep <= 96 of 128), RB = 64: 48 KB, four
+ * (the small layout, GPU_ATTN_SMALL_ROWS). */
+template <int NU, int KC, int RB>
 struct st_smem {
 	union {
-		struct st_warp w[4];
+		struct st_warp<KC, RB> w[4];
 		struct {
 			float red[4 * 8 * (GPU_MAX_D + 2)];
 			float orot[8 * GPU_MAX_D];
-			uint16_t rv[GPU_MAX_D * GPU_MAX_D];
+			uint16_t rv[16 * KC * GPU_MAX_D]; /* R_v: v_dk <= 16 KC rows */
 		} f;
 		float qs[GPU_MAX_D * 8];
 	};
-	uint2 qb[NU][GPU_MAX_D / 16][32]; /* Q'ᵀ B fragments, [4 heads][k-step][lane] */
+	uint2 qb[NU][KC][32]; /* Q'ᵀ B fragments, [4 heads][k-step][lane] */
 };
 
 __device__ __forceinline__ bool st_ok(const struct gpu_seg &sg, uint32_t flags)
@@ -2791,6 +2804,15 @@ __device__ __forceinline__ bool st_ok(const struct gpu_seg &sg, uint32_t flags)
 	return !(flags & (GPU_ATTN_SCATTER | GPU_ATTN_WALK)) && sg.k_g == 1 && sg.v_g == 1 &&
 	       sg.k_rs * 2 <= ST_ROWB && sg.v_rs * 2 <= ST_ROWB && sg.k_bw <= ST_NB &&
 	       sg.v_bw <= ST_NB;
+}
+
+/* What GPU_ATTN_SMALL_ROWS promises of every segment (and buffer). */
+template <int D>
+__device__ __forceinline__ bool st_small_ok(const struct gpu_seg &sg)
+{
+	return sg.k_g == 1 && sg.v_g == 1 && sg.k_rs * 2 <= ST_SMALL_ROWB &&
+	       sg.v_rs * 2 <= ST_SMALL_ROWB && sg.k_bw <= ST_NB && sg.v_bw <= ST_NB &&
+	       sg.k_dk <= 3 * D / 4 && sg.v_dk <= 3 * D / 4 && sg.k_dk > 0 && sg.v_dk > 0;
 }
 
 /* @bytes (a multiple of 4) from @src to shared @dst (16-aligned) by the
@@ -2812,8 +2834,9 @@ __device__ __forceinline__ void st_copy(uint32_t dst, const void *src, uint32_t 
 }
 
 /* Tokens [t0, t0 + nt) of @sg into stage @S; one commit group. */
+template <int RB>
 __device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, uint32_t nt,
-					struct st_stage &S, int lane, bool al16)
+					struct st_stage<RB> &S, int lane, bool al16)
 {
 	if (al16 && nt == 16) { /* the common case: four 16-byte-aligned ranges */
 		const char *kr = (const char *)(sg.k_val + (size_t)t0 * sg.k_rs);
@@ -2821,9 +2844,9 @@ __device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, u
 		const char *kb = (const char *)(sg.k_bm + (size_t)t0 * sg.k_bw);
 		const char *vb = (const char *)(sg.v_bm + (size_t)t0 * sg.v_bw);
 		const uint32_t d = (uint32_t)__cvta_generic_to_shared(&S);
-		const uint32_t dkr = d + offsetof(struct st_stage, krow);
-		const uint32_t dvr = d + offsetof(struct st_stage, vrow);
-		const uint32_t dvb = d + offsetof(struct st_stage, vbm);
+		const uint32_t dkr = d + offsetof(struct st_stage<RB>, krow);
+		const uint32_t dvr = d + offsetof(struct st_stage<RB>, vrow);
+		const uint32_t dvb = d + offsetof(struct st_stage<RB>, vbm);
 #pragma unroll 1
 		for (uint32_t o = lane * 16; o < sg.k_rs * 32; o += 512)
 			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dkr + o),
@@ -3007,11 +3030,12 @@ struct ststate {
 
 /* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
  * rows, expanded straight from the stage, bf16 products. */
-template <int NQ, int D, bool BF, int KC>
-__device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const struct st_stage &S,
-				       struct st_warp &W, const uint2 (*qb)[GPU_MAX_D / 16][32],
-				       ststate<NQ, D, KC> &st)
+template <int NQ, int D, bool BF, int KC, int RB>
+__device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt,
+				       const struct st_stage<RB> &S, struct st_warp<KC, RB> &W,
+				       const uint2 (*qb)[KC][32], ststate<NQ, D, KC> &st)
 {
+	constexpr int LDT = st_warp<KC, RB>::LD;
 	constexpr int NU = ststate<NQ, D, KC>::NU;
 	int lane = threadIdx.x & 31, t = lane & 15, kv = lane >> 4;
 	int g = lane >> 2, tig = lane & 3;
@@ -3033,7 +3057,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const s
 				bm[i] = dk >= lo + 32 ? x : dk > lo ? x & ((1u << (dk - lo)) - 1u) : 0u;
 			}
 		}
-		const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.v : W.k) + t * TK_LD);
+		const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.v : W.k) + t * LDT);
 		if (BF) {
 			expand_direct<2 * KC, (KC < D / 16)>((uint32_t)__cvta_generic_to_shared(row),
 							     trow, bm, nch);
@@ -3050,7 +3074,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const s
 	for (int u = 0; u < NU; u++)
 		s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0.0f;
 	const uint32_t kaddr = (uint32_t)__cvta_generic_to_shared(
-		W.k + (((lane >> 3) & 1) * 8 + (lane & 7)) * TK_LD + (lane >> 4) * 8);
+		W.k + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDT + (lane >> 4) * 8);
 #pragma unroll
 	for (int ks = 0; ks < KC; ks++) {
 		uint32_t a0, a1, a2, a3;
@@ -3128,7 +3152,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const s
 	/* ---- O'ᵀ += V̂ᵀ Pᵀ; ldmatrix.trans lane address: matrix lane / 8 =
 	 * channels +0 / +8 (bit 0), tokens +0 / +8 (bit 1) ---- */
 	const uint32_t vaddr = (uint32_t)__cvta_generic_to_shared(
-		W.v + (((lane >> 4) & 1) * 8 + (lane & 7)) * TK_LD + ((lane >> 3) & 1) * 8);
+		W.v + (((lane >> 4) & 1) * 8 + (lane & 7)) * LDT + ((lane >> 3) & 1) * 8);
 #pragma unroll
 	for (int mt = 0; mt < KC; mt++) {
 		uint32_t a0, a1, a2, a3;
@@ -3148,19 +3172,20 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, const s
  * then tc_finish.  @qr: the segment's rotated queries (QR_ROWS × P).  BF:
  * both halves bf16 rows (st_sub).
  */
-template <int NQ, int D, bool BF, int KC = D / 16>
+template <int NQ, int D, bool BF, int KC = D / 16, int RB = ST_ROWB>
 static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const uint32_t *list,
 					      uint32_t base_blk, uint32_t cnt, const float *qr,
 					      float scale2, float *po, float *pml)
 {
 	constexpr int NU = ststate<NQ, D, KC>::NU, P = NQP(NQ);
 	extern __shared__ __align__(16) unsigned char smraw[];
-	st_smem<NU> &sm = *(st_smem<NU> *)smraw;
+	st_smem<NU, KC, RB> &sm = *(st_smem<NU, KC, RB> *)smraw;
+	constexpr int LDT = st_warp<KC, RB>::LD;
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
 	const struct gpu_seg sg = *sgp;
 	const bool al16 = (((uintptr_t)sg.k_val | (uintptr_t)sg.v_val | (uintptr_t)sg.k_bm |
 			    (uintptr_t)sg.v_bm) & 15u) == 0;
-	struct st_warp &W = sm.w[w];
+	struct st_warp<KC, RB> &W = sm.w[w];
 	/* this warp's sub-blocks: blocks w, w + 4, ..., 16 tokens at a time;
 	 * the first token of its block after next is loaded a block ahead
 	 * (@nxt), so that no fill waits on a global load.  (Those first
@@ -3197,7 +3222,7 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	}
 	__syncthreads();
 	/* tiles zero once: columns at and past d_keep are never written */
-	for (uint32_t i = lane; i < 2 * 16 * TK_LD / 8; i += 32)
+	for (uint32_t i = lane; i < 2 * 16 * LDT / 8; i += 32)
 		((uint4 *)W.k)[i] = make_uint4(0, 0, 0, 0);
 	ststate<NQ, D, KC> st;
 #pragma unroll
@@ -3228,7 +3253,7 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 			asm volatile("cp.async.wait_group 0;" ::: "memory");
 		}
 		__syncwarp();
-		st_sub<NQ, D, BF, KC>(sg, (int)min(16u, t1 - t), W.s[cur], W, sm.qb, st);
+		st_sub<NQ, D, BF, KC, RB>(sg, (int)min(16u, t1 - t), W.s[cur], W, sm.qb, st);
 		i = ni;
 		t = nt0;
 		t1 = nt1;
@@ -3354,10 +3379,18 @@ static __device__ __noinline__ void tc_cta(const struct gpu_seg *sgp, const uint
 	tc_finish<NQ, D>(sg, sacc, sml, sm.rv, sm.orot, po, pml);
 }
 
-template <int NQ, int D>
-__global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head *heads,
-							const float *q, float scale2, char *ws,
-							struct ws_layout L, uint32_t flags)
+/*
+ * SMALL (GPU_ATTN_SMALL_ROWS: the caller promises st_small_ok of every
+ * segment and buffer): the staged path only, in the 48 KB layout at 128
+ * registers, four CTAs per SM instead of three (the kernel waits on
+ * latency: more warps hide more of it).  A segment that breaks the promise
+ * gets a NaN partial (the output shows it; nothing is read or written out
+ * of bounds).
+ */
+template <int NQ, int D, bool SMALL>
+__global__ void __launch_bounds__(128, SMALL ? 4 : 3)
+	k_attn_packed_tc(const struct gpu_head *heads, const float *q, float scale2, char *ws,
+			 struct ws_layout L, uint32_t flags)
 {
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
@@ -3379,6 +3412,23 @@ __global__ void __launch_bounds__(128, 3) k_attn_packed_tc(const struct gpu_head
 	const struct gpu_seg sg = *sgp;
 	prefetch_l2(sg.v_rot, sg.v_dk * D * 2); /* for the rotation back */
 	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
+	if constexpr (SMALL) {
+		if (!st_small_ok<D>(sg)) {
+			for (uint32_t i = threadIdx.x; i < NQ * D; i += blockDim.x)
+				po[i] = NAN;
+			if (threadIdx.x < NQ) { /* a slot the merge takes (l > 0) */
+				pml[2 * threadIdx.x] = 0.0f;
+				pml[2 * threadIdx.x + 1] = 1.0f;
+			}
+		} else if (sg.k_vb == 0 && sg.v_vb == 0) {
+			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB>(sgp, list, list ? 0 : b0, cnt,
+									  qr, scale2, po, pml);
+		} else {
+			tc_cta_st<NQ, D, false, 3 * D / 64, ST_SMALL_ROWB>(sgp, list, list ? 0 : b0,
+									   cnt, qr, scale2, po, pml);
+		}
+		return;
+	}
 	if (st_ok(sg, flags)) {
 		/* the bench's and the serving shapes keep 3/4 of the channels */
 		if (sg.k_vb == 0 && sg.v_vb == 0 && sg.k_dk <= 3 * D / 4 && sg.v_dk <= 3 * D / 4)
@@ -4126,13 +4176,29 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 		k_attn_packed<NQ, D><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
 			heads, a->q, scale2_of(a), (char *)a->ws, L);
 	} else {
-		size_t smem = sizeof(tc_smem) > sizeof(st_smem<(NQ + 3) / 4>)
-				      ? sizeof(tc_smem)
-				      : sizeof(st_smem<(NQ + 3) / 4>);
-		GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D>,
-					    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		k_attn_packed_tc<NQ, D><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
-			heads, a->q, scale2_of(a), (char *)a->ws, L, a->flags);
+		constexpr int NU = (NQ + 3) / 4;
+		/* the window's and the empty CTAs' scratch (tc_smem.red) fits in
+		 * the small layout too */
+		static_assert(offsetof(tc_smem, red) + sizeof(((tc_smem *)0)->red) <=
+				      sizeof(st_smem<NU, 3 * D / 64, ST_SMALL_ROWB>),
+			      "small staged layout too small for the window");
+		if (a->flags & GPU_ATTN_SMALL_ROWS) {
+			size_t smem = sizeof(st_smem<NU, 3 * D / 64, ST_SMALL_ROWB>);
+			GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D, true>,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)smem));
+			k_attn_packed_tc<NQ, D, true><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
+				heads, a->q, scale2_of(a), (char *)a->ws, L, a->flags);
+		} else {
+			size_t smem = sizeof(tc_smem) > sizeof(st_smem<NU, D / 16, ST_ROWB>)
+					      ? sizeof(tc_smem)
+					      : sizeof(st_smem<NU, D / 16, ST_ROWB>);
+			GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D, false>,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)smem));
+			k_attn_packed_tc<NQ, D, false><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
+				heads, a->q, scale2_of(a), (char *)a->ws, L, a->flags);
+		}
 	}
 	GPU_CKL();
 	k_merge<D><<<dim3(a->n_heads, NQ), MERGE_T, 0, s>>>(NQ, (char *)a->ws, L, a->out);

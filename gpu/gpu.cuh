@@ -134,6 +134,13 @@ struct gpu_attn_args {
  * channel-major walk from global memory where r >= d_keep / 2, else the
  * scatter: the version before staging; kept to compare). */
 #define GPU_ATTN_WALK 16u
+/* A promise by the caller: every segment and update buffer of every head
+ * has g == 1 on both halves, device rows of at most 64 bytes and d_keep
+ * <= 3d/4 (the bench's bf16 r = 32 of 96, 6-bit rows of r <= 80 of 96).
+ * PackedAttention then runs the staged path in its 48 KB layout, four CTAs
+ * per SM.  A segment that breaks it makes the output NaN (nothing else is
+ * read or written).  GPU_ATTN_SCATTER / GPU_ATTN_WALK are ignored with it. */
+#define GPU_ATTN_SMALL_ROWS 32u
 /* Block selection by one CTA per context, or by many CTAs per context:
  * the same selection either way.  Neither flag: chosen by shape (many
  * CTAs only for few contexts of long histories, where they measured

@@ -238,6 +238,62 @@ Test(gpu, packed_unstaged_walk_bf16_d64_b8)
  * sub-blocks a block). */
 Test(gpu, packed_staged_row_limit) { check_packed_rq(128, 3, 1, 0, 16, 0.1, 0, 64, 0); }
 Test(gpu, packed_past_staged_row_limit) { check_packed_rq(128, 2, 1, 0, 16, 0.1, 7, 72, 0); }
+/* GPU_ATTN_SMALL_ROWS (the staged path's 48 KB layout, four CTAs per SM):
+ * every format that keeps its promise (d_keep = 3d/4 by the drop, rows of
+ * at most 64 bytes): bf16 r = d/4 (the bench's), 6-bit r = 80 (ours_q6's),
+ * 4-bit r = 90, bf16 r = 24 with two sub-blocks a block, d 64. */
+Test(gpu, packed_small_llama_shape)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_small_q6_r80)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed_rq(128, 4, 1, 1, 16, 0.1, 19, 80, 6);
+}
+Test(gpu, packed_small_q4_b64_nq1)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed_rq(128, 1, 1, 1, 64, 0.3, 0, 90, 4);
+}
+Test(gpu, packed_small_nq8_b32)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed_rq(128, 8, 1, 1, 32, 0.15, 5, 24, 0);
+}
+Test(gpu, packed_small_d64_b8)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed_rq(64, 3, 1, 1, 8, 0.2, 30, 16, 0);
+}
+/* A broken promise (d_keep = d: no drop) shows as NaN in every output of
+ * every head, and nothing out of bounds (compute-sanitizer memcheck). */
+Test(gpu, packed_small_rows_broken_promise)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t H = 2, nseg = 3, maxb, d = 128, nq = 4;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, d / 4, 1, 16, 0);
+	struct gu_ctx c[MAXH];
+	build_ctxs(c, H, &rng, d, nseg, 500, 20, &eo, &maxb);
+	struct run r;
+	run_init(&r, &rng, H, nq, d, 0.2);
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	run_args(&r, nseg, maxb, 20, 16);
+	upload_heads(&r, c);
+	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+	run_fetch(&r);
+	for (size_t i = 0; i < (size_t)H * nq * d; i++)
+		cr_assert(isnan(r.out[i]), "seed %llu: out[%zu] = %g, not NaN",
+			  (unsigned long long)seed, i, r.out[i]);
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
+}
 Test(gpu, packed_staged_q4_b64) { check_packed_rq(128, 8, 1, 1, 64, 0.2, 11, 90, 4); }
 Test(gpu, packed_staged_q7_d64) { check_packed_rq(64, 1, 1, 0, 32, 0.3, 0, 30, 7); }
 /* g == 1 rows by the older per-value scatter (GPU_ATTN_SCATTER) */
