@@ -141,6 +141,9 @@ struct gpu_attn_args {
  * per SM.  A segment that breaks it makes the output NaN (nothing else is
  * read or written).  GPU_ATTN_SCATTER / GPU_ATTN_WALK are ignored with it. */
 #define GPU_ATTN_SMALL_ROWS 32u
+/* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
+ * dimension @d, else 0 (also for NULL). */
+GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
 /* Block selection by one CTA per context, or by many CTAs per context:
  * the same selection either way.  Neither flag: chosen by shape (many
  * CTAs only for few contexts of long histories, where they measured

@@ -660,6 +660,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		return -ENOMEM;
 	size_t vi = 0, it = 0;
 	uint32_t max_segs = 0, max_blocks = 0;
+	int small = 1; /* every view keeps GPU_ATTN_SMALL_ROWS' promise */
 	for (uint32_t h = 0; h < H; h++) {
 		struct lh *l = seq_lh(s, layer, h);
 		uint32_t nb = 0, ns = 0;
@@ -695,6 +696,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 			vw.n = use;
 			vw.n_blocks = (use + vw.b - 1) / vw.b;
 			vw.block0 = nb;
+			small &= gpu_seg_small_rows(&vw, d);
 			sv[vi++] = vw;
 			nb += vw.n_blocks;
 			nh += use;
@@ -753,7 +755,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	A.quest_b = 0;
 	A.q = q;
 	A.out = out;
-	A.flags = 0;
+	A.flags = small ? GPU_ATTN_SMALL_ROWS : 0;
 	{
 		/* Scratch with headroom, so that it is not regrown every step
 		 * as the history grows. */

@@ -18,6 +18,7 @@
 #define MAXH 4
 
 static uint32_t g_flags; /* GPU_ATTN_* for the packed tests */
+static size_t g_seglen = 700; /* check_packed_rq's segments: g_seglen .. 2 g_seglen tokens */
 
 struct run {
 	uint32_t H, nq, d;
@@ -151,7 +152,7 @@ static void check_packed_rq(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, 
 	enc_opts(&eo, d, rr ? rr : d / 4, g, b, drop);
 	eo.value_bits = vb;
 	struct gu_ctx c[MAXH];
-	build_ctxs(c, H, &rng, d, nseg, 700, win, &eo, &maxb);
+	build_ctxs(c, H, &rng, d, nseg, g_seglen, win, &eo, &maxb);
 	struct run r;
 	run_init(&r, &rng, H, nq, d, frac);
 	run_args(&r, nseg, maxb, win, 16);
@@ -267,6 +268,28 @@ Test(gpu, packed_small_d64_b8)
 	g_flags = GPU_ATTN_SMALL_ROWS;
 	check_packed_rq(64, 3, 1, 1, 8, 0.2, 30, 16, 0);
 }
+/* Segments of 2,500-5,000 blocks of 8 tokens (up to 7,500 of 16 in the
+ * last test): selections of up to 29 chunks of 256 blocks a segment,
+ * combined and rotated back once by k_segrot, on the staged path in both
+ * layouts and on the unstaged one (the scatter, g = 2). */
+Test(gpu, packed_long_segments, .timeout = 120)
+{
+	g_seglen = 20000;
+	check_packed_rq(128, 4, 1, 1, 8, 0.6, 37, 32, 0);
+}
+Test(gpu, packed_long_segments_small, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed_rq(128, 8, 1, 1, 8, 0.6, 5, 80, 6);
+}
+Test(gpu, packed_long_segments_unstaged, .timeout = 120)
+{
+	g_seglen = 30000; /* segments of 30,000-60,000 tokens */
+	g_flags = GPU_ATTN_WALK;
+	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
+}
+
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
  * every head, and nothing out of bounds (compute-sanitizer memcheck). */
 Test(gpu, packed_small_rows_broken_promise)

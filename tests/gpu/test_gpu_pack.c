@@ -299,13 +299,14 @@ Test(gpu, append_q5_q7) { check_append(64, 37, 1, 16, 0, 5); check_append(128, 8
 
 /* History segments + an update buffer + a dense window: the buffer is
  * attended in full, no token is lost between them. */
-static void check_covers_buffer(uint32_t r, uint32_t vb)
+static void check_covers_buffer(uint32_t r, uint32_t vb, uint32_t nbuf, uint32_t cap,
+				uint32_t flags)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
-	uint32_t d = 128, nq = 4, nseg = 3, win = 11, nbuf = 77, cap = 256;
+	uint32_t d = 128, nq = 4, nseg = 3, win = 11;
 	struct mkv_encode_opts eo;
 	enc_opts(&eo, d, r, 1, 16, vb ? 0 : 1);
 	eo.value_bits = vb;
@@ -336,6 +337,7 @@ static void check_covers_buffer(uint32_t r, uint32_t vb)
 	a.max_buf_blocks = hh.buf_cap_blocks;
 	a.max_win = win;
 	a.quest_b = 16;
+	a.flags = flags;
 	a.q = gu_upload(q, sizeof q);
 	a.out = gu_dev(sizeof out);
 	a.ws_bytes = gpu_attn_ws_bytes(&a);
@@ -385,8 +387,15 @@ static void check_covers_buffer(uint32_t r, uint32_t vb)
 	gu_ctx_free(&c);
 }
 
-Test(gpu, attention_covers_buffer) { check_covers_buffer(32, 0); }
-Test(gpu, attention_covers_buffer_q6) { check_covers_buffer(80, 6); }
+Test(gpu, attention_covers_buffer) { check_covers_buffer(32, 0, 77, 256, 0); }
+Test(gpu, attention_covers_buffer_q6) { check_covers_buffer(80, 6, 77, 256, 0); }
+/* A buffer of more than one chunk (256 blocks): its chunks' states are
+ * combined and rotated back once (seg_join), in both layouts. */
+Test(gpu, attention_covers_long_buffer) { check_covers_buffer(32, 0, 5000, 5120, 0); }
+Test(gpu, attention_covers_long_buffer_small)
+{
+	check_covers_buffer(32, 0, 9000, 9216, GPU_ATTN_SMALL_ROWS);
+}
 
 /* Prefill encoding: covariance + cuSOLVER eigenvectors + packing, rows in
  * bf16 (vb 0) or quantized. */

@@ -153,6 +153,7 @@ struct cfg {
 	                           * loss when adaptive */
 	uint32_t vb;              /* value bits (0: bf16 rows) */
 	uint32_t adaptive;        /* strategies chosen per segment */
+	uint32_t drop;            /* 1: d_keep = 3d/4 */
 	double frac;
 	uint32_t burst_at, burst; /* appends without attend from token burst_at */
 	uint32_t every;           /* attend every this many tokens (1: each) */
@@ -195,7 +196,7 @@ static void run(const struct cfg *c)
 	o.adaptive = c->adaptive;
 	o.g = 1;
 	o.b = 16;
-	o.drop = 0;
+	o.drop = c->drop;
 	o.store_dtype = MKV_DTYPE_BF16;
 	o.staging_bytes = (size_t)16 << 20;
 	struct mkv_seq *s = NULL;
@@ -404,6 +405,19 @@ Test(gpu_seq, defaults_q6_d128, .timeout = 900)
 	struct cfg c = {.name = "defaults_d128", .L = 1, .H = 2, .G = 4, .d = 128, .n0 = 1500,
 			.steps = 300, .prefill_segment = 512, .min_segment = 64,
 			.max_segment = 512, .window = 32, .r = 0, .vb = 6, .frac = 0.2,
+			.burst_at = 100, .burst = 20, .every = 4, .tol_cpu = 0.15,
+			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 61,
+			.qscale = 0.5};
+	run(&c);
+}
+
+/* The bench's format (bf16 r = 32 of d_keep = 96): every view keeps
+ * GPU_ATTN_SMALL_ROWS' promise, so the step runs the four-CTA layout. */
+Test(gpu_seq, small_rows_drop, .timeout = 900)
+{
+	struct cfg c = {.name = "small_rows", .L = 1, .H = 2, .G = 4, .d = 128, .n0 = 1500,
+			.steps = 300, .prefill_segment = 512, .min_segment = 64,
+			.max_segment = 512, .window = 32, .r = 32, .drop = 1, .frac = 0.2,
 			.burst_at = 100, .burst = 20, .every = 4, .tol_cpu = 0.15,
 			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 61,
 			.qscale = 0.5};
