@@ -3538,63 +3538,108 @@ __global__ void __launch_bounds__(128, SMALL ? 4 : 3)
  * combined into the lowest slot, rotated back once, the other slots
  * emptied (l = 0) for k_merge.  Grid (max_segs + 1, n_heads).
  */
+#define SR_MAXN 128 /* chunks a segment k_segrot combines from shared memory */
+
 template <int NQ, int D>
 __global__ void __launch_bounds__(128) k_segrot(const struct gpu_head *heads, char *ws,
 						struct ws_layout L)
 {
 	__shared__ __align__(16) uint16_t rv[GPU_MAX_D * GPU_MAX_D];
 	__shared__ __align__(16) float orot[8 * GPU_MAX_D];
+	__shared__ float wm[SR_MAXN * NQ], wl[SR_MAXN * NQ]; /* chunk × head: m then weight; l */
+	__shared__ float mh[NQ], lh[NQ];
 	uint32_t si = blockIdx.x, hi = blockIdx.y;
 	const struct gpu_head *H = &heads[hi];
 	const uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
-	uint32_t n = __ldcg(&note[0]);
-	if (n == 0 || si > H->nseg || (si == H->nseg && !H->buf))
+	uint32_t n = __ldcg(&note[0]), xa = ~__ldcg(&note[1]);
+	uint32_t nseg = H->nseg;
+	if (n == 0 || si > nseg || (si == nseg && !H->buf))
 		return;
-	uint32_t xa = ~__ldcg(&note[1]);
-	const struct gpu_seg *sgp = si < H->nseg ? &H->segs[si] : H->buf;
-	const uint16_t *vrot = sgp->v_rot;
+	const struct gpu_seg *sgp = si < nseg ? &H->segs[si] : H->buf;
 	uint32_t vdk = sgp->v_dk;
-	cta_copy_async(rv, vrot, vdk * D * 2);
+	cta_copy_async(rv, sgp->v_rot, vdk * D * 2);
 	float *po0 = WSP(float, L, part_o, ws, hi), *pml0 = WSP(float, L, part_ml, ws, hi);
-	/* the chunks are slots xa .. xa + n - 1 (a segment's are consecutive) */
-	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
-		uint32_t h = i / vdk, c = i % vdk;
-		float M = -INFINITY;
-		for (uint32_t x = xa; x < xa + n; x++) {
-			float2 ml = *(const float2 *)(pml0 + ((size_t)x * NQ + h) * 2);
-			if (ml.y > 0.0f)
-				M = fmaxf(M, ml.x);
+	/* the chunks are slots xa .. xa + n - 1 (a segment's are consecutive);
+	 * every load of a phase issued at once: a few L2 round trips in all */
+	const float2 *ml0 = (const float2 *)(pml0 + (size_t)xa * NQ * 2);
+	if (n <= SR_MAXN) {
+#pragma unroll 4
+		for (uint32_t i = threadIdx.x; i < n * NQ; i += blockDim.x) {
+			float2 ml = ml0[i];
+			wm[i] = ml.x;
+			wl[i] = ml.y;
 		}
-		float o = 0.0f;
-		for (uint32_t x = xa; x < xa + n; x++) {
-			float2 ml = *(const float2 *)(pml0 + ((size_t)x * NQ + h) * 2);
-			if (ml.y > 0.0f)
-				o += exp2f(ml.x - M) * po0[((size_t)x * NQ + h) * D + c];
+		__syncthreads();
+		if (threadIdx.x < NQ) {
+			uint32_t h = threadIdx.x;
+			float M = -INFINITY, ll = 0.0f;
+			for (uint32_t x = 0; x < n; x++)
+				if (wl[x * NQ + h] > 0.0f)
+					M = fmaxf(M, wm[x * NQ + h]);
+			for (uint32_t x = 0; x < n; x++)
+				if (wl[x * NQ + h] > 0.0f)
+					ll += exp2f(wm[x * NQ + h] - M) * wl[x * NQ + h];
+			mh[h] = M;
+			lh[h] = ll;
 		}
-		orot[c * 8 + h] = o;
-	}
-	float M = -INFINITY, ll = 0.0f;
-	if (threadIdx.x < NQ) {
-		uint32_t h = threadIdx.x;
-		for (uint32_t x = xa; x < xa + n; x++) {
-			float2 ml = *(const float2 *)(pml0 + ((size_t)x * NQ + h) * 2);
-			if (ml.y > 0.0f)
-				M = fmaxf(M, ml.x);
+		__syncthreads();
+		for (uint32_t i = threadIdx.x; i < n * NQ; i += blockDim.x)
+			wm[i] = wl[i] > 0.0f ? exp2f(wm[i] - mh[i % NQ]) : 0.0f;
+		__syncthreads();
+		for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
+			uint32_t h = i / vdk, c = i % vdk;
+			const float *p = po0 + ((size_t)xa * NQ + h) * D + c;
+			float o = 0.0f;
+#pragma unroll 4
+			for (uint32_t x = 0; x < n; x++) {
+				float f = wm[x * NQ + h];
+				if (f != 0.0f)
+					o = fmaf(f, p[(size_t)x * NQ * D], o);
+			}
+			orot[c * 8 + h] = o;
 		}
-		for (uint32_t x = xa; x < xa + n; x++) {
-			float2 ml = *(const float2 *)(pml0 + ((size_t)x * NQ + h) * 2);
-			if (ml.y > 0.0f)
-				ll += exp2f(ml.x - M) * ml.y;
+	} else { /* more chunks than the shared arrays hold: from L2 each time */
+		for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
+			uint32_t h = i / vdk, c = i % vdk;
+			float M = -INFINITY;
+			for (uint32_t x = 0; x < n; x++) {
+				float2 ml = ml0[x * NQ + h];
+				if (ml.y > 0.0f)
+					M = fmaxf(M, ml.x);
+			}
+			float o = 0.0f;
+			for (uint32_t x = 0; x < n; x++) {
+				float2 ml = ml0[x * NQ + h];
+				if (ml.y > 0.0f)
+					o += exp2f(ml.x - M) * po0[((size_t)(xa + x) * NQ + h) * D + c];
+			}
+			orot[c * 8 + h] = o;
+		}
+		if (threadIdx.x < NQ) {
+			uint32_t h = threadIdx.x;
+			float M = -INFINITY, ll = 0.0f;
+			for (uint32_t x = 0; x < n; x++) {
+				float2 ml = ml0[x * NQ + h];
+				if (ml.y > 0.0f)
+					M = fmaxf(M, ml.x);
+			}
+			for (uint32_t x = 0; x < n; x++) {
+				float2 ml = ml0[x * NQ + h];
+				if (ml.y > 0.0f)
+					ll += exp2f(ml.x - M) * ml.y;
+			}
+			mh[h] = M;
+			lh[h] = ll;
 		}
 	}
 	cta_copy_wait();
-	__syncthreads(); /* every slot read; R_v and orot complete */
+	__syncthreads(); /* every slot read; R_v, orot, mh and lh complete */
 	if (threadIdx.x < NQ) {
 		uint32_t h = threadIdx.x;
 		for (uint32_t x = xa + 1; x < xa + n; x++)
 			pml0[((size_t)x * NQ + h) * 2 + 1] = 0.0f;
-		pml0[((size_t)xa * NQ + h) * 2] = M;
-		pml0[((size_t)xa * NQ + h) * 2 + 1] = ll;
+		pml0[((size_t)xa * NQ + h) * 2] = mh[h];
+		pml0[((size_t)xa * NQ + h) * 2 + 1] = lh[h];
 	}
 	rotate_back<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
 }
