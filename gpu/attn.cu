@@ -2002,13 +2002,6 @@ __device__ __forceinline__ void prefetch_block(const struct gpu_seg &sg, uint32_
 }
 
 
-/*
- * The end of a PackedAttention CTA: the warps' accumulators (sacc, [warp][head]
- * rows of GPU_MAX_D) and softmax states (sml, [warp][head] × (m, l)) are in
- * shared memory; merge them, rotate back by R_v once (staged through @rv;
- * @load_rv false: the caller has put it there) and write the CTA's
- * partial.  Starts with a barrier.  Both kernels end here.
- */
 /* o = o' R_v for NQ heads: @orot [c][8] (c < vdk) by R_v (bf16, vdk × D,
  * shared) to po[h][D]; the CTA's threads over output channels. */
 template <int NQ, int D>
@@ -2049,6 +2042,14 @@ struct seg_note {
 	uint32_t x;     /* this CTA's slot */
 };
 
+/*
+ * The end of a PackedAttention CTA: the warps' accumulators (sacc, [warp][head]
+ * rows of GPU_MAX_D) and softmax states (sml, [warp][head] × (m, l)) are in
+ * shared memory; merge them and write the CTA's partial: with @N in
+ * rotated space (k_segrot finishes it), else rotated back by R_v here
+ * (staged through @rv; @load_rv false: the caller has put it there).
+ * Starts with a barrier.  Both kernels end here.
+ */
 template <int NQ, int D>
 static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const float *sacc,
 						 const float *sml, uint16_t *rv, float *orot,
@@ -3362,7 +3363,7 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 
 /*
  * A CTA's blocks (list[0 .. cnt) or blocks base_blk .. + cnt of *sgp), then
- * the warps' merge, the rotation back and the partial.  Not inlined, one
+ * the warps' merge and the partial (rotated: @J).  Not inlined, one
  * instance per sub-block kind: each gets its own register allocation, so
  * the walk's registers do not spill the scatter's accumulators (inlined
  * together they did: 104-312 B of stack in every instance).  Q' fragments
@@ -3411,7 +3412,7 @@ static __device__ __noinline__ void tc_cta(const struct gpu_seg *sgp, const uint
 				tc_sub<NQ>(sg, t, (int)min(16u, t1 - t), qa, sm.t[w], st);
 		}
 	}
-	/* ---- merge the warps, rotate back once, write the partial ---- */
+	/* ---- merge the warps, write the partial (k_segrot rotates it) ---- */
 	float l = st.l;
 	l += __shfl_xor_sync(0xffffffffu, l, 1);
 	l += __shfl_xor_sync(0xffffffffu, l, 2);
