@@ -1,0 +1,44 @@
+#!/bin/bash
+# On the GPU machine (see ../shared/device/README.md; .devdeps carried):
+# build HEAD's tree and every overlay under ab/ (bench/attn_ab_prep.sh) in
+# parallel, run test_gpu_attn on each variant (TESTS=0 skips), then
+# bench/attn on each, the variants interleaved, REPS times (default 2).
+# Output under $OUT (or ./out): one log per variant and repetition, and the
+# table rows of all of them in summary.txt.
+#
+# Usage: ATTN_ARGS="--ctx 262144,1048576 --batch 1,8" bash bench/attn_ab.sh
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+. .devdeps/env.sh
+ARGS=${ATTN_ARGS:---ctx 262144,1048576 --batch 1,8}
+names="head"
+for d in ab/*/; do
+	[ -d "$d" ] && names="$names $(basename "$d")"
+done
+for n in $names; do
+	T=/tmp/ab-tree-$n
+	rm -rf "$T"
+	mkdir -p "$T"
+	tar --exclude=.devdeps --exclude=ab -cf - . | tar -xf - -C "$T"
+	[ "$n" = head ] || cp -r "ab/$n/." "$T/"
+	(cd "$T" && meson setup /tmp/ab-build-$n -Dcuda=enabled -Dtests=true > /dev/null &&
+	 ninja -C /tmp/ab-build-$n tests/gpu/test_gpu_attn bench/attn > "$OUT/build-$n.log" 2>&1 ||
+	 echo "build $n failed: $(grep -m3 error "$OUT/build-$n.log")") &
+done
+wait
+if [ "${TESTS:-1}" = 1 ]; then
+	for n in $names; do
+		timeout 300 /tmp/ab-build-$n/tests/gpu/test_gpu_attn > "$OUT/test-$n.log" 2>&1
+		echo "test $n: $(grep -E 'Synthesis' "$OUT/test-$n.log")"
+		grep -E "\[FAIL\]" "$OUT/test-$n.log" | head -5
+	done
+fi
+: > "$OUT/summary.txt"
+for i in $(seq 1 "${REPS:-2}"); do
+	for n in $names; do
+		timeout 200 /tmp/ab-build-$n/bench/attn $ARGS > "$OUT/bench-$n-$i.log" 2>&1
+		{ echo "== $n ($i)"; grep -E "^batch|^ +[0-9]+ +[0-9]+ \|" "$OUT/bench-$n-$i.log"; } >> "$OUT/summary.txt"
+	done
+done
+cat "$OUT/summary.txt"
