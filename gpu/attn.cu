@@ -5,7 +5,7 @@
  * mkv_score_blocks, mkv_select_blocks, mkv_attend_packed, mkv_attend_dense,
  * mkv_attend_quest (mosaickv/attention.c).
  *
- * One step over H contexts (sequence × KV head) is five or six launches
+ * One step over H contexts (sequence × KV head) is six or seven launches
  * (select is one launch, or two for few long contexts):
  *   qrot    q'_seg = R_k,seg q for every segment (R_k read once per step),
  *           and per query head qperp = sqrt(max(0, |q|² − |q'_{0..S-1}|²));
@@ -22,8 +22,11 @@
  *           one aligned window of GPU_CHUNK_W blocks);
  *   attn    one CTA per chunk (+ buffer chunks + window tiles): warps take
  *           blocks, split-K with online softmax in exp2 domain, values
- *           accumulated in the segment's rotated V space, CTA-merged and
- *           rotated back once per chunk (o = o' R_v);
+ *           accumulated in the segment's rotated V space and CTA-merged
+ *           (tensor cores: the partial stays rotated; CUDA cores: rotated
+ *           back here, o = o' R_v);
+ *   segrot  (tensor cores) per segment: its chunks' partials combined and
+ *           rotated back once;
  *   merge   flash-decoding merge of all partials.
  */
 #include <math.h>
