@@ -69,9 +69,9 @@ struct score_tile {
 struct ws_layout {
 	size_t qr, qpm, tiles, scores, ntok, sel, selseg, selkey, chunk, counts, part_o, part_ml;
 	size_t per_head;
-	size_t base; /* per-head regions start here; histograms and counters before */
+	size_t base; /* per-head regions start here; histograms and segment notes before */
 	uint32_t max_chunks, buf_chunks, win_tiles, slots;
-	uint32_t max_segs; /* segment counters per context: max_segs + 1 */
+	uint32_t max_segs; /* segment notes per context: max_segs + 1 */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
