@@ -2824,9 +2824,10 @@ struct st_stage {
 				       * reach past the last row */
 };
 
-/* LD = 16 KC + 8 halves a tile row: 16-byte rows at a stride of 16 mod
- * 128 (KC even) or 80 mod 128 (KC = 6): eight rows cover all 32 banks, so
- * ldmatrix and the expansion's 16-byte stores are conflict-free. */
+/* LD = 16 KC + 8 halves a tile row: a stride of 32 KC + 16 bytes, an odd
+ * multiple of 16, so the 16-byte pieces of eight consecutive rows cover
+ * all 32 banks: ldmatrix and the expansion's 16-byte stores are
+ * conflict-free. */
 template <int KC, int RB>
 struct st_warp {
 	static constexpr int LD = 16 * KC + 8;
@@ -3032,7 +3033,7 @@ __device__ __forceinline__ uint32_t take_bit(uint32_t wd, uint32_t bit, uint32_t
  * exactly NG groups, no test per group (bits past d_keep are clear, so
  * groups past nch write zeros): straight-line code the compiler may
  * interleave; a test per group made each group its own basic block, so
- * the chains ran one after another (SASS of the eighth session's kernel). */
+ * the chains ran one after another (cuobjdump, tenth session). */
 template <int NG, bool FIXED>
 __device__ __forceinline__ void expand_direct(uint32_t src, uint32_t dst, const uint32_t (&bm)[4],
 					      uint32_t nch)
