@@ -3445,9 +3445,8 @@ static __device__ __noinline__ void tc_cta(const struct gpu_seg *sgp, const uint
  * segment and buffer): the staged path only, in the 48 KB layout at 128
  * registers, four CTAs per SM instead of three (more warps to hide the
  * kernel's latencies: 2.5-5 % at 1M tokens on the H200).  A segment that
- * breaks the promise
- * gets a NaN partial (the output shows it; nothing is read or written out
- * of bounds).
+ * breaks the promise gets a NaN partial (the output shows it; nothing is
+ * read or written out of bounds).
  */
 template <int NQ, int D, bool SMALL>
 __global__ void __launch_bounds__(128, SMALL ? 4 : 3)
