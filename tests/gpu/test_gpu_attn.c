@@ -290,6 +290,62 @@ Test(gpu, packed_long_segments_unstaged, .timeout = 120)
 	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
 }
 
+/* gpu_seg_small_rows on the device descriptors of real segments
+ * (gpu_seg_image, host only: runs without a GPU) against the promise as
+ * GPU_ATTN_SMALL_ROWS states it, from the encode options: g = 1, device
+ * rows of at most 64 bytes (bf16: 2r; w bits: a bf16 scale and r w-bit
+ * fields, padded to 16 bytes), d_keep <= 3d/4. */
+Test(gpu, small_rows_predicate)
+{
+	static const struct {
+		uint32_t d, r, g, drop, vb;
+	} f[] = {
+		{128, 32, 1, 1, 0}, /* the bench's: yes */
+		{128, 32, 1, 0, 0}, /* d_keep = d */
+		{128, 80, 1, 1, 6}, /* ours_q6's: 62 -> 64 bytes */
+		{128, 82, 1, 0, 6}, /* the serving default, d_keep = d */
+		{128, 84, 1, 1, 6}, /* 65 -> 80 bytes */
+		{128, 40, 1, 1, 0}, /* 80 bytes */
+		{128, 32, 2, 1, 0}, /* g = 2 */
+		{64, 16, 1, 1, 0},  /* d 64: d_keep 48 */
+		{64, 40, 1, 1, 8},  /* 42 -> 48 bytes */
+		{64, 16, 1, 0, 4},  /* d_keep = d */
+	};
+	struct gu_rng rng;
+	gu_rng_init(&rng, gu_seed());
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+		uint32_t d = f[i].d, n = 300;
+		struct mkv_encode_opts eo;
+		enc_opts(&eo, d, f[i].r, f[i].g, 16, f[i].drop);
+		eo.value_bits = f[i].vb;
+		uint16_t *x = malloc((size_t)n * d * 2);
+		gu_fill_kv(&rng, x, n, d);
+		struct mkv_segment *ks, *vs;
+		eo.kind = MKV_KIND_KEY;
+		cr_assert_eq(mkv_segment_encode(&eo, x, MKV_DTYPE_BF16, n, &ks), 0);
+		eo.kind = MKV_KIND_VALUE;
+		eo.summary_channels = 0;
+		cr_assert_eq(mkv_segment_encode(&eo, x, MKV_DTYPE_BF16, n, &vs), 0);
+		struct mkv_packed_view kv, vv;
+		cr_assert_eq(mkv_segment_view(ks, &kv), 0);
+		cr_assert_eq(mkv_segment_view(vs, &vv), 0);
+		struct gpu_seg sg;
+		cr_assert_eq(gpu_seg_image(&kv, &vv, n, NULL, (const void *)(uintptr_t)256, &sg), 0);
+		uint32_t row = f[i].vb ? (2 + (f[i].r * f[i].vb + 7) / 8 + 15) / 16 * 16
+				       : (2 * f[i].r + 15) / 16 * 16;
+		uint32_t dk = f[i].drop ? d - d / 4 : d;
+		int want = f[i].g == 1 && row <= 64 && 4 * dk <= 3 * d;
+		cr_assert_eq(kv.d_keep, dk, "format %zu: d_keep %u", i, kv.d_keep);
+		cr_assert_eq(gpu_seg_small_rows(&sg, d), want, "format %zu (d %u r %u g %u "
+			     "drop %u bits %u): %d, want %d", i, d, f[i].r, f[i].g, f[i].drop,
+			     f[i].vb, gpu_seg_small_rows(&sg, d), want);
+		mkv_segment_destroy(ks);
+		mkv_segment_destroy(vs);
+		free(x);
+	}
+	cr_assert_eq(gpu_seg_small_rows(NULL, 128), 0);
+}
+
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
  * every head, and nothing out of bounds (compute-sanitizer memcheck). */
 Test(gpu, packed_small_rows_broken_promise)
