@@ -214,6 +214,7 @@ template <int NQ>
 __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, const float *q,
 					      uint32_t d, char *ws, struct ws_layout L)
 {
+	pdl_begin();
 	__shared__ __align__(16) uint16_t Rs[GPU_MAX_D * QROT_LD];
 	__shared__ __align__(16) float qsm[GPU_MAX_D * 8]; /* [j][h] */
 	__shared__ float qrs[GPU_MAX_D * 8];                /* q'[c][h] */
@@ -612,6 +613,7 @@ template <int NQ>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
 						   struct ws_layout L, uint32_t K)
 {
+	pdl_begin();
 	constexpr int P = NQP(NQ);
 	extern __shared__ __align__(16) unsigned char score_dyn[];
 	struct score_smem<P> &sm = *(struct score_smem<P> *)score_dyn;
@@ -730,6 +732,7 @@ __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head
 						     const float *q, uint32_t d, uint32_t qb,
 						     char *ws, struct ws_layout L)
 {
+	pdl_begin();
 	__shared__ uint32_t sh_hi[HIST_HI];
 	const struct gpu_dense_head *H = &heads[blockIdx.y];
 	uint32_t nb = (uint32_t)((H->n + qb - 1) / qb);
@@ -1304,6 +1307,7 @@ __device__ void select_run(const struct sel_src src, double frac, char *ws,
 __global__ void __launch_bounds__(SEL_T) k_select(const struct gpu_head *heads, double frac,
 						  char *ws, struct ws_layout L)
 {
+	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.x];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
 			    WSP(const struct score_tile, L, tiles, ws, blockIdx.x)};
@@ -1314,6 +1318,7 @@ __global__ void __launch_bounds__(SEL_T) k_select_quest(const struct gpu_dense_h
 							uint32_t qb, double frac, char *ws,
 							struct ws_layout L)
 {
+	pdl_begin();
 	const struct gpu_dense_head *H = &heads[blockIdx.x];
 	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL};
 	select_run(s, frac, ws, L, blockIdx.x);
@@ -1466,6 +1471,7 @@ __device__ void msel_write(const struct sel_src src, char *ws, const struct ws_l
 __global__ void __launch_bounds__(SEL_T) k_msel_count(const struct gpu_head *heads, double frac,
 						      char *ws, struct ws_layout L, uint32_t R)
 {
+	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.y];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
 			    WSP(const struct score_tile, L, tiles, ws, blockIdx.y)};
@@ -1475,6 +1481,7 @@ __global__ void __launch_bounds__(SEL_T) k_msel_count(const struct gpu_head *hea
 __global__ void __launch_bounds__(SEL_T) k_msel_write(const struct gpu_head *heads, char *ws,
 						      struct ws_layout L, uint32_t R)
 {
+	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.y];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
 			    WSP(const struct score_tile, L, tiles, ws, blockIdx.y)};
@@ -1485,6 +1492,7 @@ __global__ void __launch_bounds__(SEL_T) k_msel_count_quest(const struct gpu_den
 							    uint32_t qb, double frac, char *ws,
 							    struct ws_layout L, uint32_t R)
 {
+	pdl_begin();
 	const struct gpu_dense_head *H = &heads[blockIdx.y];
 	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL};
 	msel_count(s, frac, ws, L, blockIdx.y, R);
@@ -1494,6 +1502,7 @@ __global__ void __launch_bounds__(SEL_T) k_msel_write_quest(const struct gpu_den
 							    uint32_t qb, char *ws,
 							    struct ws_layout L, uint32_t R)
 {
+	pdl_begin();
 	const struct gpu_dense_head *H = &heads[blockIdx.y];
 	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL};
 	msel_write(s, ws, L, blockIdx.y, R);
@@ -2192,6 +2201,7 @@ template <int NQ, int D>
 __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *heads, const float *q,
 						     float scale2, char *ws, struct ws_layout L)
 {
+	pdl_begin();
 	extern __shared__ __align__(16) unsigned char smraw[];
 	pk_smem &sm = *(pk_smem *)smraw;
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
@@ -3453,6 +3463,7 @@ __global__ void __launch_bounds__(128, SMALL ? 4 : 3)
 	k_attn_packed_tc(const struct gpu_head *heads, const float *q, float scale2, char *ws,
 			 struct ws_layout L, uint32_t flags)
 {
+	pdl_begin();
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
@@ -3550,6 +3561,7 @@ template <int NQ, int D>
 __global__ void __launch_bounds__(128) k_segrot(const struct gpu_head *heads, char *ws,
 						struct ws_layout L)
 {
+	pdl_begin();
 	__shared__ __align__(16) uint16_t rv[GPU_MAX_D * GPU_MAX_D];
 	__shared__ __align__(16) float orot[8 * GPU_MAX_D];
 	__shared__ float wm[SR_MAXN * NQ], wl[SR_MAXN * NQ]; /* chunk × head: m then weight; l */
@@ -3668,6 +3680,7 @@ template <int D>
 __global__ void __launch_bounds__(MERGE_T) k_merge(uint32_t nq, char *ws, struct ws_layout L,
 						   float *out)
 {
+	pdl_begin();
 	constexpr int NC = D / 4, G = MERGE_T / NC;
 	uint32_t hi = blockIdx.x, h = blockIdx.y;
 	const float *po = WSP(float, L, part_o, ws, hi);
@@ -3745,6 +3758,7 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 						    const float *q, float scale2, char *ws,
 						    struct ws_layout L, int quest, uint32_t qb)
 {
+	pdl_begin();
 	__shared__ __align__(16) float sm[4 * NQ * (D + 2)];
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
 	const struct gpu_dense_head *H = &heads[hi];
@@ -3924,6 +3938,7 @@ __global__ void __launch_bounds__(128, ST <= 2 ? 3 : ST == 3 ? 2 : 1)
 	k_attn_dense_tc(const struct gpu_dense_head *heads, const float *q, float scale2,
 			char *ws, struct ws_layout L, uint32_t nsplit)
 {
+	pdl_begin();
 	extern __shared__ __align__(128) char dsm[];
 	__shared__ __align__(8) uint64_t dbar[ST];
 	constexpr int CH = D / 8;    /* 16-byte chunks per row */
@@ -4261,6 +4276,12 @@ static int args_ok(const struct gpu_attn_args *a)
 	return a->ws_bytes >= gpu_attn_ws_bytes(a);
 }
 
+/* Programmatic dependent launch between a step's kernels (pdl_begin). */
+static bool pdl_of(const struct gpu_attn_args *a)
+{
+	return !(a->flags & GPU_ATTN_NO_PDL);
+}
+
 static float scale2_of(const struct gpu_attn_args *a)
 {
 	float sc = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)a->d);
@@ -4313,8 +4334,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		int rc = score_grid<NQ>(a, &K, &gx, &smem);
 		if (rc)
 			return rc;
-		k_score<NQ><<<dim3(gx, a->n_heads), SCORE_T, smem, s>>>(heads, ws, L, K);
-		GPU_CKL();
+		GPU_CK(gpu_launch(pdl_of(a), k_score<NQ>, dim3(gx, a->n_heads), SCORE_T, smem, s,
+				  heads, ws, L, K));
 	}
 	uint32_t R, gx;
 	int many, rc = msel_grid(a, &R, &gx, &many);
@@ -4323,18 +4344,16 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (!many) {
 		GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					    (int)sizeof(struct sel_smem)));
-		k_select<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(heads, a->token_frac,
-									     ws, L);
-		GPU_CKL();
+		GPU_CK(gpu_launch(pdl_of(a), k_select, dim3(a->n_heads), SEL_T,
+				  sizeof(struct sel_smem), s, heads, a->token_frac, ws, L));
 		return 0;
 	}
 	GPU_CK(cudaFuncSetAttribute(k_msel_count, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)sizeof(struct sel_smem)));
-	k_msel_count<<<dim3(gx, a->n_heads), SEL_T, sizeof(struct sel_smem), s>>>(
-		heads, a->token_frac, ws, L, R);
-	GPU_CKL();
-	k_msel_write<<<dim3(gx, a->n_heads), SEL_T, 0, s>>>(heads, ws, L, R);
-	GPU_CKL();
+	GPU_CK(gpu_launch(pdl_of(a), k_msel_count, dim3(gx, a->n_heads), SEL_T,
+			  sizeof(struct sel_smem), s, heads, a->token_frac, ws, L, R));
+	GPU_CK(gpu_launch(pdl_of(a), k_msel_write, dim3(gx, a->n_heads), SEL_T, 0, s, heads, ws, L,
+			  R));
 	return 0;
 }
 
@@ -4350,8 +4369,8 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 		size_t smem = sizeof(pk_smem);
 		GPU_CK(cudaFuncSetAttribute(k_attn_packed<NQ, D>,
 					    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		k_attn_packed<NQ, D><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
-			heads, a->q, scale2_of(a), (char *)a->ws, L);
+		GPU_CK(gpu_launch(pdl_of(a), k_attn_packed<NQ, D>, dim3(L.slots, a->n_heads), 128,
+				  smem, s, heads, a->q, scale2_of(a), (char *)a->ws, L));
 	} else {
 		constexpr int NU = (NQ + 3) / 4;
 		/* the window's and the empty CTAs' scratch (tc_smem.red) fits in
@@ -4364,8 +4383,9 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 			GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D, true>,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)smem));
-			k_attn_packed_tc<NQ, D, true><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
-				heads, a->q, scale2_of(a), (char *)a->ws, L, a->flags);
+			GPU_CK(gpu_launch(pdl_of(a), k_attn_packed_tc<NQ, D, true>,
+					  dim3(L.slots, a->n_heads), 128, smem, s, heads, a->q,
+					  scale2_of(a), (char *)a->ws, L, a->flags));
 		} else {
 			size_t smem = sizeof(tc_smem) > sizeof(st_smem<NU, D / 16, ST_ROWB>)
 					      ? sizeof(tc_smem)
@@ -4373,16 +4393,15 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 			GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D, false>,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)smem));
-			k_attn_packed_tc<NQ, D, false><<<dim3(L.slots, a->n_heads), 128, smem, s>>>(
-				heads, a->q, scale2_of(a), (char *)a->ws, L, a->flags);
+			GPU_CK(gpu_launch(pdl_of(a), k_attn_packed_tc<NQ, D, false>,
+					  dim3(L.slots, a->n_heads), 128, smem, s, heads, a->q,
+					  scale2_of(a), (char *)a->ws, L, a->flags));
 		}
-		GPU_CKL();
-		k_segrot<NQ, D><<<dim3(a->max_segs + 1, a->n_heads), 128, 0, s>>>(
-			heads, (char *)a->ws, L);
+		GPU_CK(gpu_launch(pdl_of(a), k_segrot<NQ, D>, dim3(a->max_segs + 1, a->n_heads), 128,
+				  0, s, heads, (char *)a->ws, L));
 	}
-	GPU_CKL();
-	k_merge<D><<<dim3(a->n_heads, NQ), MERGE_T, 0, s>>>(NQ, (char *)a->ws, L, a->out);
-	GPU_CKL();
+	GPU_CK(gpu_launch(pdl_of(a), k_merge<D>, dim3(a->n_heads, NQ), MERGE_T, 0, s, (uint32_t)NQ,
+			  (char *)a->ws, L, a->out));
 	return 0;
 }
 
@@ -4427,8 +4446,8 @@ static int launch_dense_tc(const struct gpu_attn_args *a, const struct gpu_dense
 	L.slots = S;
 	kern<<<dim3(S, a->n_heads), 128, smem, s>>>(heads, a->q, scale2_of(a), (char *)a->ws, L, S);
 	GPU_CKL();
-	k_merge<D><<<dim3(a->n_heads, NQ), MERGE_T, 0, s>>>(NQ, (char *)a->ws, L, a->out);
-	GPU_CKL();
+	GPU_CK(gpu_launch(pdl_of(a), k_merge<D>, dim3(a->n_heads, NQ), MERGE_T, 0, s, (uint32_t)NQ,
+			  (char *)a->ws, L, a->out));
 	return 0;
 }
 
@@ -4453,28 +4472,27 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 			GPU_CK(cudaFuncSetAttribute(k_select_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)sizeof(struct sel_smem)));
-			k_select_quest<<<a->n_heads, SEL_T, sizeof(struct sel_smem), s>>>(
-				heads, a->quest_b, a->token_frac, ws, L);
-			GPU_CKL();
+			GPU_CK(gpu_launch(pdl_of(a), k_select_quest, dim3(a->n_heads), SEL_T,
+					  sizeof(struct sel_smem), s, heads, a->quest_b,
+					  a->token_frac, ws, L));
 		} else {
 			GPU_CK(cudaFuncSetAttribute(k_msel_count_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)sizeof(struct sel_smem)));
-			k_msel_count_quest<<<dim3(gx, a->n_heads), SEL_T, sizeof(struct sel_smem),
-					     s>>>(heads, a->quest_b, a->token_frac, ws, L, R);
-			GPU_CKL();
-			k_msel_write_quest<<<dim3(gx, a->n_heads), SEL_T, 0, s>>>(heads, a->quest_b,
-										  ws, L, R);
-			GPU_CKL();
+			GPU_CK(gpu_launch(pdl_of(a), k_msel_count_quest, dim3(gx, a->n_heads),
+					  SEL_T, sizeof(struct sel_smem), s, heads, a->quest_b,
+					  a->token_frac, ws, L, R));
+			GPU_CK(gpu_launch(pdl_of(a), k_msel_write_quest, dim3(gx, a->n_heads),
+					  SEL_T, 0, s, heads, a->quest_b, ws, L, R));
 		}
 	}
 	if (!attend)
 		return 0;
-	k_attn_dense<NQ, D><<<dim3(L.slots, a->n_heads), 128, 0, s>>>(heads, a->q, scale2_of(a), ws, L,
-								      quest, a->quest_b);
-	GPU_CKL();
-	k_merge<D><<<dim3(a->n_heads, NQ), MERGE_T, 0, s>>>(NQ, ws, L, a->out);
-	GPU_CKL();
+	/* (dense: the step's first kernel, launched plainly) */
+	GPU_CK(gpu_launch(quest && pdl_of(a), k_attn_dense<NQ, D>, dim3(L.slots, a->n_heads), 128,
+			  0, s, heads, a->q, scale2_of(a), ws, L, quest, a->quest_b));
+	GPU_CK(gpu_launch(pdl_of(a), k_merge<D>, dim3(a->n_heads, NQ), MERGE_T, 0, s, (uint32_t)NQ,
+			  ws, L, a->out));
 	return 0;
 }
 

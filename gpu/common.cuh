@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include <cuda_runtime.h>
 #include <mosaickv/common.h>
 #include "gpu.cuh"
@@ -37,6 +38,49 @@ static inline int gpu_errno(cudaError_t e)
 	} while (0)
 /* Check the last error after a launch. */
 #define GPU_CKL() GPU_CK(cudaGetLastError())
+
+/*
+ * Programmatic dependent launch (sm_90): a kernel of a step's chain lets
+ * its successor be scheduled once all of its CTAs have started
+ * (pdl_begin's trigger), and waits for its predecessor's completion and
+ * memory before touching anything (pdl_begin's wait): the successor's
+ * launch and CTA start-up overlap the predecessor's last wave instead of
+ * following it.  Every CTA waits before its first access, early exits
+ * included, so a chain's completion implies its predecessors'.  Without
+ * the launch attribute (gpu_launch with pdl false) both are no-ops.
+ */
+__device__ __forceinline__ void pdl_begin(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Launch @k with programmatic stream serialization when @pdl (see
+ * pdl_begin), else as <<<>>> does. */
+template <typename... K, typename... A>
+static cudaError_t gpu_launch(bool pdl, void (*k)(K...), dim3 g, dim3 b, size_t smem,
+			      cudaStream_t s, A... args)
+{
+	if (!pdl) {
+		k<<<g, b, smem, s>>>(args...);
+		return cudaGetLastError();
+	}
+	cudaLaunchConfig_t c;
+	memset(&c, 0, sizeof c);
+	c.gridDim = g;
+	c.blockDim = b;
+	c.dynamicSmemBytes = smem;
+	c.stream = s;
+	cudaLaunchAttribute at;
+	memset(&at, 0, sizeof at);
+	at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at.val.programmaticStreamSerializationAllowed = 1;
+	c.attrs = &at;
+	c.numAttrs = 1;
+	return cudaLaunchKernelEx(&c, k, static_cast<K>(args)...);
+}
 
 #define LOG2E 1.4426950408889634f
 

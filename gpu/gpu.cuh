@@ -141,6 +141,9 @@ struct gpu_attn_args {
  * per SM.  A segment that breaks it makes the output NaN (nothing else is
  * read or written).  GPU_ATTN_SCATTER / GPU_ATTN_WALK are ignored with it. */
 #define GPU_ATTN_SMALL_ROWS 32u
+/* Launch a step's kernels one after another as <<<>>> does, without
+ * programmatic dependent launch (kept to compare; see pdl_begin). */
+#define GPU_ATTN_NO_PDL 64u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

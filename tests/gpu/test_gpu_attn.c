@@ -346,6 +346,45 @@ Test(gpu, small_rows_predicate)
 	cr_assert_eq(gpu_seg_small_rows(NULL, 128), 0);
 }
 
+/* The step's kernels chained by programmatic dependent launch give the
+ * same bits as launched one after another (GPU_ATTN_NO_PDL), over
+ * multi-chunk segments (k_segrot) and both select variants. */
+Test(gpu, packed_pdl_equals_plain, .timeout = 120)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t H = 3, nseg = 4, maxb, d = 128, nq = 4;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, 8, 1);
+	struct gu_ctx c[MAXH];
+	build_ctxs(c, H, &rng, d, nseg, 20000, 21, &eo, &maxb);
+	struct run r;
+	run_init(&r, &rng, H, nq, d, 0.4);
+	run_args(&r, nseg, maxb, 21, 16);
+	upload_heads(&r, c);
+	size_t n = (size_t)H * nq * d;
+	float *plain = malloc(n * sizeof(float));
+	uint32_t fl[3] = {GPU_ATTN_SMALL_ROWS, 0, GPU_ATTN_SELECT_MANY_CTAS};
+	for (int v = 0; v < 3; v++) {
+		r.a.flags = fl[v] | GPU_ATTN_NO_PDL;
+		cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+		run_fetch(&r);
+		memcpy(plain, r.out, n * sizeof(float));
+		r.a.flags = fl[v];
+		cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+		run_fetch(&r);
+		cr_assert(memcmp(plain, r.out, n * sizeof(float)) == 0,
+			  "seed %llu flags %u: PDL and plain launches differ",
+			  (unsigned long long)seed, fl[v]);
+	}
+	free(plain);
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
+}
+
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
  * every head, and nothing out of bounds (compute-sanitizer memcheck). */
 Test(gpu, packed_small_rows_broken_promise)
