@@ -3561,21 +3561,27 @@ template <int NQ, int D>
 __global__ void __launch_bounds__(128) k_segrot(const struct gpu_head *heads, char *ws,
 						struct ws_layout L)
 {
-	pdl_begin();
 	__shared__ __align__(16) uint16_t rv[GPU_MAX_D * GPU_MAX_D];
 	__shared__ __align__(16) float orot[8 * GPU_MAX_D];
 	__shared__ float wm[SR_MAXN * NQ], wl[SR_MAXN * NQ]; /* chunk × head: m then weight; l */
 	__shared__ float mh[NQ], lh[NQ];
 	uint32_t si = blockIdx.x, hi = blockIdx.y;
+	pdl_trigger();
+	/* the context's segments and R_v are the caller's, not the attention
+	 * kernel's: R_v is copied while that kernel finishes */
 	const struct gpu_head *H = &heads[hi];
+	uint32_t nseg = H->nseg;
+	const struct gpu_seg *sgp = si < nseg ? &H->segs[si] : si == nseg ? H->buf : NULL;
+	uint32_t vdk = sgp ? sgp->v_dk : 0;
+	if (sgp)
+		cta_copy_async(rv, sgp->v_rot, vdk * D * 2);
+	pdl_wait();
 	const uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
 	uint32_t n = __ldcg(&note[0]), xa = ~__ldcg(&note[1]);
-	uint32_t nseg = H->nseg;
-	if (n == 0 || si > nseg || (si == nseg && !H->buf))
+	if (n == 0 || !sgp) {
+		cta_copy_wait();
 		return;
-	const struct gpu_seg *sgp = si < nseg ? &H->segs[si] : H->buf;
-	uint32_t vdk = sgp->v_dk;
-	cta_copy_async(rv, sgp->v_rot, vdk * D * 2);
+	}
 	float *po0 = WSP(float, L, part_o, ws, hi), *pml0 = WSP(float, L, part_ml, ws, hi);
 	/* the chunks are slots xa .. xa + n - 1 (a segment's are consecutive);
 	 * every load of a phase issued at once: a few L2 round trips in all */

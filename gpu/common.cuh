@@ -49,12 +49,22 @@ static inline int gpu_errno(cudaError_t e)
  * included, so a chain's completion implies its predecessors'.  Without
  * the launch attribute (gpu_launch with pdl false) both are no-ops.
  */
-__device__ __forceinline__ void pdl_begin(void)
+__device__ __forceinline__ void pdl_trigger(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_begin(void)
+{
+	pdl_trigger();
+	pdl_wait();
 }
 
 /* Launch @k with programmatic stream serialization when @pdl (see
