@@ -2825,14 +2825,31 @@ __device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0,
 #define ST_SMALL_ROWB 64 /* rows of the small layout (the bench's bf16 r = 32,
 			  * 6-bit r <= 80) */
 
-/* One stage: RB = row bytes at most. */
+/* One stage: RB = row bytes at most; at least 80 bytes a row, room for
+ * rows of 64 bytes and their padding (st_rs). */
 template <int RB>
 struct st_stage {
+	static constexpr int CAP = 16 * (RB < 80 ? 80 : RB) / 16; /* 16-byte pieces */
 	uint32_t kbm[16 * ST_NB], vbm[16 * ST_NB];
-	uint4 krow[16 * RB / 16];
-	uint4 vrow[16 * RB / 16 + 1]; /* +1: a field group's third word may
-				       * reach past the last row */
+	uint4 krow[CAP];
+	uint4 vrow[CAP + 1]; /* +1: a field group's third word may reach past
+			      * the last row */
 };
+
+/*
+ * A stage's row stride in halves.  Rows of 32 or 64 bytes filled by the
+ * aligned path (@pad: 16-byte-aligned arrays and 16 tokens) get one
+ * 16-byte piece of padding.  Why: a lane expands its own row with 16-bit
+ * loads at its own offsets; unpadded, rows t and t + 2 of 64 bytes (and
+ * K row t and V row t) start on the same bank, so a load of the warp
+ * meets ~3.6 lanes on its busiest bank for random bitmaps of 32 of 96
+ * bits, ~2 with a stride of 80 bytes (a simulation of the lanes'
+ * addresses; gpu/NOTES.md).
+ */
+__device__ __forceinline__ uint32_t st_rs(uint32_t rs, bool pad)
+{
+	return pad && (rs == 16 || rs == 32) ? rs + 8 : rs;
+}
 
 /* LD = 16 KC + 8 halves a tile row: a stride of 32 KC + 16 bytes, an odd
  * multiple of 16, so the 16-byte pieces of eight consecutive rows cover
@@ -2902,7 +2919,15 @@ __device__ __forceinline__ void st_copy(uint32_t dst, const void *src, uint32_t 
 	}
 }
 
-/* Tokens [t0, t0 + nt) of @sg into stage @S; one commit group. */
+/* The padding before byte @o of the aligned fill's rows of @rs halves
+ * (st_rs with pad). */
+__device__ __forceinline__ uint32_t st_pad_of(uint32_t o, uint32_t rs)
+{
+	return rs == 32 ? (o >> 6) << 4 : rs == 16 ? (o >> 5) << 4 : 0u;
+}
+
+/* Tokens [t0, t0 + nt) of @sg into stage @S; one commit group.  The rows
+ * of the aligned path are padded (st_rs). */
 template <int RB>
 __device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, uint32_t nt,
 					struct st_stage<RB> &S, int lane, bool al16)
@@ -2918,12 +2943,14 @@ __device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, u
 		const uint32_t dvb = d + offsetof(struct st_stage<RB>, vbm);
 #pragma unroll 1
 		for (uint32_t o = lane * 16; o < sg.k_rs * 32; o += 512)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dkr + o),
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+					     dkr + o + st_pad_of(o, sg.k_rs)),
 				     "l"(kr + o)
 				     : "memory");
 #pragma unroll 1
 		for (uint32_t o = lane * 16; o < sg.v_rs * 32; o += 512)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dvr + o),
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+					     dvr + o + st_pad_of(o, sg.v_rs)),
 				     "l"(vr + o)
 				     : "memory");
 		if ((uint32_t)lane < sg.k_bw * 4)
@@ -3100,10 +3127,11 @@ struct ststate {
 /* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
  * rows, expanded straight from the stage, bf16 products. */
 template <int NQ, int D, bool BF, int KC, int RB>
-__device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt,
+__device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al16,
 				       const struct st_stage<RB> &S, struct st_warp<KC, RB> &W,
 				       const uint2 (*qb)[KC][32], ststate<NQ, D, KC> &st)
 {
+	const bool pad = al16 && nt == 16; /* as st_fill laid the stage out */
 	constexpr int LDT = st_warp<KC, RB>::LD;
 	constexpr int NU = ststate<NQ, D, KC>::NU;
 	int lane = threadIdx.x & 31, t = lane & 15, kv = lane >> 4;
@@ -3116,7 +3144,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt,
 		uint32_t r = valid ? (kv ? sg.v_r : sg.k_r) : 0u;
 		uint32_t nch = (dk + 15) & ~15u;
 		const uint32_t *bmp = (kv ? S.vbm : S.kbm) + t * bw;
-		const uint32_t *row = (const uint32_t *)(kv ? S.vrow : S.krow) + t * (rs >> 1);
+		const uint32_t *row = (const uint32_t *)(kv ? S.vrow : S.krow) + t * (st_rs(rs, pad) >> 1);
 		uint32_t bm[4] = {0u, 0u, 0u, 0u};
 		if (valid) {
 #pragma unroll
@@ -3162,14 +3190,16 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt,
 	float ksa = 1.0f, ksb = 1.0f, vsa = 1.0f, vsb = 1.0f;
 	if (sg.k_vb) {
 		const uint16_t *kr = (const uint16_t *)S.krow;
-		ksa = bf1(kr[g * sg.k_rs]);
-		ksb = bf1(kr[(g + 8) * sg.k_rs]);
+		const uint32_t krs = st_rs(sg.k_rs, pad);
+		ksa = bf1(kr[g * krs]);
+		ksb = bf1(kr[(g + 8) * krs]);
 	}
 	if (sg.v_vb) {
 		const uint16_t *vr = (const uint16_t *)S.vrow;
 		/* stale rows past nt: p = 0 there must not meet a NaN */
-		vsa = va ? bf1(vr[g * sg.v_rs]) : 0.0f;
-		vsb = vb8 ? bf1(vr[(g + 8) * sg.v_rs]) : 0.0f;
+		const uint32_t vrs = st_rs(sg.v_rs, pad);
+		vsa = va ? bf1(vr[g * vrs]) : 0.0f;
+		vsb = vb8 ? bf1(vr[(g + 8) * vrs]) : 0.0f;
 	}
 	uint32_t pb[NU][2];
 #pragma unroll
@@ -3323,7 +3353,7 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 			asm volatile("cp.async.wait_group 0;" ::: "memory");
 		}
 		__syncwarp();
-		st_sub<NQ, D, BF, KC, RB>(sg, (int)min(16u, t1 - t), W.s[cur], W, sm.qb, st);
+		st_sub<NQ, D, BF, KC, RB>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb, st);
 		i = ni;
 		t = nt0;
 		t1 = nt1;
