@@ -17,8 +17,9 @@
  * the per-value scatter for ours, r = 32 of 96, and the channel-major walk
  * for ours_q6).  ours_3, q6_3: ours and ours_q6 without
  * GPU_ATTN_SMALL_ROWS (the staged path in its general layout, three CTAs
- * per SM instead of four).  ours_np: ours with its kernels launched one
- * after another (GPU_ATTN_NO_PDL: no programmatic dependent launch).
+ * per SM instead of four).  ours_256, ours_512: ours with work chunks of
+ * 256 / 512 blocks forced (GPU_ATTN_CHUNK_256 / _512; ours: the library's
+ * choice by shape).
  * os_1cta, os_many: ours' score+select stages (oscore) with the one-CTA
  * and the many-CTA select forced (GPU_ATTN_SELECT_ONE_CTA / _MANY_CTAS);
  * oscore uses the library's choice by shape.
@@ -136,10 +137,16 @@ static int f_packed_3(const struct gpu_attn_args *a, const void *h, cudaStream_t
 {
 	return gpu_attend_packed(a, h, s);
 }
-static int f_packed_np(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+static int f_packed_256(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_NO_PDL;
+	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_256;
+	return gpu_attend_packed(&b, h, s);
+}
+static int f_packed_512(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512;
 	return gpu_attend_packed(&b, h, s);
 }
 static int f_packed_cc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
@@ -621,10 +628,11 @@ int main(int argc, char **argv)
 	RC(gpu_attn_ws_init(&amax, st));
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s\n",
+	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
-	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_np");
+	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_256",
+	       "ours_512");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
@@ -655,7 +663,8 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_pc = capture(f_packed_cc, &a, dheads);
 			cudaGraphExec_t g_psc = capture(f_packed_w, &a, dheads);
 			cudaGraphExec_t g_p3 = capture(f_packed_3, &a, dheads);
-			cudaGraphExec_t g_pnp = capture(f_packed_np, &a, dheads);
+			cudaGraphExec_t g_p256 = capture(f_packed_256, &a, dheads);
+			cudaGraphExec_t g_p512 = capture(f_packed_512, &a, dheads);
 			cudaGraphExec_t g_q = capture(f_quest, &a, ddense);
 			cudaGraphExec_t g_qs = capture(f_quest_ss, &a, ddense);
 			cudaGraphExec_t g_d = capture(f_dense, &a, ddense);
@@ -664,7 +673,7 @@ int main(int argc, char **argv)
 			double t_d = time_graph(g_d, 1), t_pc = time_graph(g_pc, 1);
 			double t_psc = time_graph(g_psc, 1), t_ps1 = time_graph(g_ps1, 1);
 			double t_psm = time_graph(g_psm, 1), t_p3 = time_graph(g_p3, 1);
-			double t_pnp = time_graph(g_pnp, 1);
+			double t_p256 = time_graph(g_p256, 1), t_p512 = time_graph(g_p512, 1);
 			/* the serving format's rows (same bytes, 2.5x the values) */
 			make_heads(&s, H, L, dsegs, dheads, ddense, 1);
 			cudaGraphExec_t g_pq = capture(f_packed, &a, dheads);
@@ -693,10 +702,10 @@ int main(int argc, char **argv)
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
 			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f "
-			       "%9.1f\n",
+			       "%9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
-			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_pnp);
+			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p256, t_p512);
 			fflush(stdout);
 			if (B == 1 && L == 1048576) {
 				r_dense1m = t_d / t_p;
@@ -714,7 +723,8 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_pc);
 			cudaGraphExecDestroy(g_psc);
 			cudaGraphExecDestroy(g_p3);
-			cudaGraphExecDestroy(g_pnp);
+			cudaGraphExecDestroy(g_p256);
+			cudaGraphExecDestroy(g_p512);
 			cudaGraphExecDestroy(g_q);
 			cudaGraphExecDestroy(g_qs);
 			cudaGraphExecDestroy(g_d);
@@ -727,7 +737,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_np = ours without programmatic dependent launch)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_256, ours_512 = ours with work chunks of 256 / 512 blocks forced)\n", RQ);
 
 	if (once)
 		return 0;

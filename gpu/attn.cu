@@ -19,7 +19,7 @@
  *           bits over L2-resident scores, weights = tokens per block) for the
  *           cut-off key, ties to the lower block index, then an ordered
  *           compaction and the chunk list (selected blocks of one segment in
- *           one aligned window of GPU_CHUNK_W blocks);
+ *           one aligned window of 256 or 512 blocks: chunk_lg);
  *   attn    one CTA per chunk (+ buffer chunks + window tiles): warps take
  *           blocks, split-K with online softmax in exp2 domain, values
  *           accumulated in the segment's rotated V space and CTA-merged
@@ -72,6 +72,7 @@ struct ws_layout {
 	size_t base; /* per-head regions start here; histograms and segment notes before */
 	uint32_t max_chunks, buf_chunks, win_tiles, slots;
 	uint32_t max_segs; /* segment notes per context: max_segs + 1 */
+	uint32_t cwl;      /* blocks per work chunk: 1 << cwl (chunk_lg) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -86,19 +87,39 @@ static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 enum ws_mode { WS_PACKED = 0, WS_QUEST = 1, WS_DENSE = 2 };
 
+/*
+ * Blocks per work chunk (a CTA's share of one segment's selection), log2:
+ * 256, or 512 where the step has blocks enough to fill the GPU many times
+ * over.  A wider chunk halves the fixed work per selected block (the
+ * queries' setup, the warps' merge, the partial and its note) but gives
+ * half the CTAs (eighth session: 512 won 7 % at 1M tokens, batch 8, and
+ * lost 4-25 % at batch 1).  GPU_ATTN_CHUNK_256 / _512 force one.
+ */
+#define CHUNK_WIDE_BLOCKS (1u << 20) /* histories' blocks over all contexts */
+static uint32_t chunk_lg(const struct gpu_attn_args *a)
+{
+	if (a->flags & GPU_ATTN_CHUNK_512)
+		return 9;
+	if (a->flags & GPU_ATTN_CHUNK_256)
+		return 8;
+	return (uint64_t)a->n_heads * a->max_blocks >= CHUNK_WIDE_BLOCKS ? 9 : 8;
+}
+
 static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 {
 	struct ws_layout L;
 	memset(&L, 0, sizeof L);
 	size_t nb = a->max_blocks, ns = a->max_segs;
+	L.cwl = chunk_lg(a);
+	const size_t cw = (size_t)1 << L.cwl;
 	L.win_tiles = (a->max_win + WIN_TILE - 1) / WIN_TILE;
 	if (m == WS_DENSE) {
 		size_t ntok = (size_t)a->max_blocks * a->quest_b;
 		L.max_chunks = (uint32_t)((ntok + DENSE_T - 1) / DENSE_T);
 	} else {
-		L.max_chunks = (uint32_t)(nb / GPU_CHUNK_W + (m == WS_PACKED ? ns : 1) + 1);
+		L.max_chunks = (uint32_t)(nb / cw + (m == WS_PACKED ? ns : 1) + 1);
 		if (m == WS_PACKED)
-			L.buf_chunks = (a->max_buf_blocks + GPU_CHUNK_W - 1) / GPU_CHUNK_W;
+			L.buf_chunks = (uint32_t)((a->max_buf_blocks + cw - 1) / cw);
 	}
 	L.slots = L.max_chunks + L.buf_chunks + L.win_tiles;
 	L.max_segs = a->max_segs;
@@ -136,9 +157,12 @@ size_t gpu_attn_ws_bytes(const struct gpu_attn_args *a)
 {
 	if (!a)
 		return 0;
+	/* the narrow chunks have the most slots: the size for either width */
+	struct gpu_attn_args b = *a;
+	b.flags = (a->flags & ~GPU_ATTN_CHUNK_512) | GPU_ATTN_CHUNK_256;
 	size_t m = 0;
 	for (int i = 0; i < 3; i++) {
-		struct ws_layout L = ws_plan(a, (enum ws_mode)i);
+		struct ws_layout L = ws_plan(&b, (enum ws_mode)i);
 		size_t t = L.base + L.per_head * a->n_heads;
 		m = t > m ? t : m;
 	}
@@ -771,6 +795,7 @@ struct sel_src {
 	uint64_t n_hist;
 	const struct gpu_seg *segs; /* NULL: one segment starting at block 0 */
 	const struct score_tile *tiles; /* qrot's tile descriptors (with segs) */
+	uint32_t cwl; /* chunk width, log2 (ws_layout.cwl) */
 };
 
 __device__ __forceinline__ uint32_t block0_of(const struct sel_src &s, uint32_t si)
@@ -778,10 +803,12 @@ __device__ __forceinline__ uint32_t block0_of(const struct sel_src &s, uint32_t 
 	return s.segs ? s.segs[si].block0 : 0;
 }
 
-/* Chunk key of a selected block: segment and aligned window of blocks. */
-__device__ __forceinline__ uint32_t chunk_key(uint32_t si, uint32_t i, uint32_t blk0)
+/* Chunk key of a selected block: segment and aligned window of 1 << @cwl
+ * blocks (fewer than 256 windows: a context has at most 65,536 blocks). */
+__device__ __forceinline__ uint32_t chunk_key(uint32_t si, uint32_t i, uint32_t blk0,
+					      uint32_t cwl)
 {
-	return (si << 8) | ((i - blk0) / GPU_CHUNK_W);
+	return (si << 8) | ((i - blk0) >> cwl);
 }
 
 /* The general path (v1): three radix passes over all scores in global
@@ -915,7 +942,7 @@ __device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mo
 			if (s) {
 				sel[off] = i;
 				selseg[off] = si;
-				selkey[off] = chunk_key(si, i, block0_of(src, si));
+				selkey[off] = chunk_key(si, i, block0_of(src, si), src.cwl);
 				off++;
 			}
 		}
@@ -925,7 +952,7 @@ __device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mo
 }
 
 /* Chunks: a new one where the chunk key (segment, aligned window of
- * GPU_CHUNK_W blocks) changes.  Warp w handles list positions
+ * 1 << cwl blocks) changes.  Warp w handles list positions
  * [w Q, (w+1) Q): count its chunk starts, scan the 32 counts, write the
  * starts in order. */
 __device__ void build_chunks(const struct sel_src &src, uint32_t nsel, char *ws,
@@ -1217,7 +1244,7 @@ __device__ uint32_t sel_write_warp(const struct sel_src &src, const float *score
 				uint32_t p = pos + __popc(bal & ((1u << lane) - 1u));
 				sel[p] = i;
 				selseg[p] = si;
-				selkey[p] = chunk_key(si, i, blk0);
+				selkey[p] = chunk_key(si, i, blk0, src.cwl);
 			}
 			pos += __popc(bal);
 		}
@@ -1310,7 +1337,7 @@ __global__ void __launch_bounds__(SEL_T) k_select(const struct gpu_head *heads, 
 	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.x];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
-			    WSP(const struct score_tile, L, tiles, ws, blockIdx.x)};
+			    WSP(const struct score_tile, L, tiles, ws, blockIdx.x), L.cwl};
 	select_run(s, frac, ws, L, blockIdx.x);
 }
 
@@ -1320,7 +1347,7 @@ __global__ void __launch_bounds__(SEL_T) k_select_quest(const struct gpu_dense_h
 {
 	pdl_begin();
 	const struct gpu_dense_head *H = &heads[blockIdx.x];
-	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL};
+	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL, L.cwl};
 	select_run(s, frac, ws, L, blockIdx.x);
 }
 
@@ -1474,7 +1501,7 @@ __global__ void __launch_bounds__(SEL_T) k_msel_count(const struct gpu_head *hea
 	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.y];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
-			    WSP(const struct score_tile, L, tiles, ws, blockIdx.y)};
+			    WSP(const struct score_tile, L, tiles, ws, blockIdx.y), L.cwl};
 	msel_count(s, frac, ws, L, blockIdx.y, R);
 }
 
@@ -1484,7 +1511,7 @@ __global__ void __launch_bounds__(SEL_T) k_msel_write(const struct gpu_head *hea
 	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.y];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
-			    WSP(const struct score_tile, L, tiles, ws, blockIdx.y)};
+			    WSP(const struct score_tile, L, tiles, ws, blockIdx.y), L.cwl};
 	msel_write(s, ws, L, blockIdx.y, R);
 }
 
@@ -1494,7 +1521,7 @@ __global__ void __launch_bounds__(SEL_T) k_msel_count_quest(const struct gpu_den
 {
 	pdl_begin();
 	const struct gpu_dense_head *H = &heads[blockIdx.y];
-	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL};
+	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL, L.cwl};
 	msel_count(s, frac, ws, L, blockIdx.y, R);
 }
 
@@ -1504,7 +1531,7 @@ __global__ void __launch_bounds__(SEL_T) k_msel_write_quest(const struct gpu_den
 {
 	pdl_begin();
 	const struct gpu_dense_head *H = &heads[blockIdx.y];
-	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL};
+	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL, L.cwl};
 	msel_write(s, ws, L, blockIdx.y, R);
 }
 
@@ -2188,12 +2215,12 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 	*sgp = H->buf;
 	*si = H->nseg;
 	uint32_t nbb = (H->buf->n + H->buf->b - 1) / H->buf->b;
-	*b0 = (x - L.max_chunks) * GPU_CHUNK_W;
+	*b0 = (x - L.max_chunks) << L.cwl;
 	if (*b0 >= nbb) {
 		mark_empty(pml, NQ);
 		return false;
 	}
-	*cnt = min(nbb - *b0, (uint32_t)GPU_CHUNK_W);
+	*cnt = min(nbb - *b0, 1u << L.cwl);
 	return true;
 }
 

@@ -60,8 +60,6 @@ extern "C" {
 
 #define GPU_MAX_D 128   /* head dims 64 and 128 */
 #define GPU_MAX_NQ 8    /* query heads per KV head: 1, 2, 3, 4 or 8 */
-#define GPU_CHUNK_W 256 /* a work chunk: the selected blocks of one segment
-			 * inside one aligned window of this many blocks */
 
 /* One segment on the device (K and V of the same tokens). */
 struct gpu_seg {
@@ -144,6 +142,13 @@ struct gpu_attn_args {
 /* Launch a step's kernels one after another as <<<>>> does, without
  * programmatic dependent launch (kept to compare; see pdl_begin). */
 #define GPU_ATTN_NO_PDL 64u
+/* Work chunks (a CTA's share: the selected blocks of one segment inside
+ * one aligned window) of 256 or of 512 blocks.  Neither flag: chosen by
+ * shape (512 once all contexts together hold 2^20 blocks or more, where
+ * it measured faster on the H200; gpu/NOTES.md).  The scratch size does
+ * not depend on them. */
+#define GPU_ATTN_CHUNK_256 128u
+#define GPU_ATTN_CHUNK_512 256u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

@@ -290,6 +290,38 @@ Test(gpu, packed_long_segments_unstaged, .timeout = 120)
 	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
 }
 
+/* Work chunks of 512 blocks (GPU_ATTN_CHUNK_512; by shape the library
+ * takes them only where all contexts hold 2^20 blocks or more): up to 15
+ * chunks a segment, on the staged path in both layouts and the unstaged
+ * one (Quest's: quest_chunk512). */
+Test(gpu, packed_chunk512_long_segments, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_CHUNK_512;
+	check_packed_rq(128, 4, 1, 1, 8, 0.6, 37, 32, 0);
+}
+Test(gpu, packed_chunk512_long_segments_small, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512;
+	check_packed_rq(128, 8, 1, 1, 8, 0.6, 5, 80, 6);
+}
+Test(gpu, packed_chunk512_unstaged, .timeout = 120)
+{
+	g_seglen = 30000;
+	g_flags = GPU_ATTN_WALK | GPU_ATTN_CHUNK_512;
+	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
+}
+
+/* Staged rows of 32 bytes (bf16 r = 16) in 16-token sub-blocks: the stage
+ * pads them to a stride of 48 bytes (st_rs), in both layouts. */
+Test(gpu, packed_small_r16_b16)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed_rq(128, 4, 1, 1, 16, 0.2, 9, 16, 0);
+}
+Test(gpu, packed_staged_r16_b32) { check_packed_rq(64, 2, 1, 1, 32, 0.2, 3, 16, 0); }
+
 /* gpu_seg_small_rows on the device descriptors of real segments
  * (gpu_seg_image, host only: runs without a GPU) against the promise as
  * GPU_ATTN_SMALL_ROWS states it, from the encode options: g = 1, device
@@ -926,6 +958,12 @@ Test(gpu, dense_d64_nq3) { check_dense(0, 64, 3, 16, 1.0); }
 Test(gpu, quest_llama_shape) { check_dense(1, 128, 4, 16, 0.1); }
 Test(gpu, quest_d64_b32_nq8) { check_dense(1, 64, 8, 32, 0.2); }
 Test(gpu, quest_b8_nq1) { check_dense(1, 128, 1, 8, 0.05); }
+/* Quest's selection in chunks of 512 blocks (GPU_ATTN_CHUNK_512) */
+Test(gpu, quest_chunk512)
+{
+	g_flags = GPU_ATTN_CHUNK_512;
+	check_dense(1, 128, 1, 8, 0.3);
+}
 
 Test(gpu, bad_arguments)
 {

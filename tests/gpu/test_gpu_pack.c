@@ -396,6 +396,10 @@ Test(gpu, attention_covers_long_buffer_small)
 {
 	check_covers_buffer(32, 0, 9000, 9216, GPU_ATTN_SMALL_ROWS);
 }
+Test(gpu, attention_covers_long_buffer_chunk512)
+{
+	check_covers_buffer(32, 0, 9000, 9216, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512);
+}
 
 /* Prefill encoding: covariance + cuSOLVER eigenvectors + packing, rows in
  * bf16 (vb 0) or quantized. */
