@@ -30,7 +30,9 @@
  * replay of a CUDA graph of the whole step, timed with events; the median
  * of 20 is reported.
  *
- * Usage: attn [--sdpa FILE] [--ctx 32768,...] [--batch 1,8] [--seg N]
+ * Usage: attn [--sdpa FILE] [--ctx 32768,...] [--batch 1,8] [--seg N] [--once 1]
+ *             [--split 1] (--split: a line per shape with ours' score stage
+ *             timed in parts, clear + qrot, + the score kernel, + the select)
  */
 #include <errno.h>
 #include <math.h>
@@ -164,6 +166,14 @@ static int f_packed_w(const struct gpu_attn_args *a, const void *h, cudaStream_t
 static int f_packed_ss(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return gpu_score_select(a, h, s);
+}
+static int f_packed_upto1(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return gpu_score_select_upto(a, h, 1, s);
+}
+static int f_packed_upto2(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return gpu_score_select_upto(a, h, 2, s);
 }
 static int f_packed_ss1(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -547,6 +557,7 @@ int main(int argc, char **argv)
 	uint32_t seglen = 16384;
 	const char *sdpa_path = NULL;
 	int once = 0; /* --once 1: one call of each contender, no timing (profilers) */
+	int split = 0; /* --split 1: also time ours' score stage cut short */
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--sdpa"))
 			sdpa_path = argv[i + 1];
@@ -558,6 +569,8 @@ int main(int argc, char **argv)
 			seglen = (uint32_t)strtoul(argv[i + 1], NULL, 10);
 		else if (!strcmp(argv[i], "--once"))
 			once = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--split"))
+			split = atoi(argv[i + 1]);
 	}
 	if (sdpa_path)
 		read_sdpa(sdpa_path);
@@ -706,6 +719,17 @@ int main(int argc, char **argv)
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
 			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p256, t_p512);
+			if (split) {
+				/* the stage in a graph, as in the step (with its PDL
+				 * hand-overs), cut after qrot and after the score */
+				cudaGraphExec_t g1 = capture(f_packed_upto1, &a, dheads);
+				cudaGraphExec_t g2 = capture(f_packed_upto2, &a, dheads);
+				double t1 = time_graph(g1, 1), t2 = time_graph(g2, 1);
+				printf("      split: clear+qrot %.1f us, +score %.1f us, +select %.1f us "
+				       "(oscore)\n", t1, t2, t_ps);
+				cudaGraphExecDestroy(g1);
+				cudaGraphExecDestroy(g2);
+			}
 			fflush(stdout);
 			if (B == 1 && L == 1048576) {
 				r_dense1m = t_d / t_p;

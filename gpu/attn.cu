@@ -4383,7 +4383,7 @@ static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, i
 
 template <int NQ>
 static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_head *heads,
-			       const struct ws_layout &L, cudaStream_t s)
+			       const struct ws_layout &L, cudaStream_t s, int upto = 3)
 {
 	char *ws = (char *)a->ws;
 	/* the score kernel adds into the histograms: clear them (one memset
@@ -4391,6 +4391,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
 	k_qrot<NQ><<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d, ws, L);
 	GPU_CKL();
+	if (upto < 2)
+		return 0;
 	if (a->max_blocks) {
 		uint32_t K, gx;
 		size_t smem;
@@ -4400,6 +4402,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		GPU_CK(gpu_launch(pdl_of(a), k_score<NQ>, dim3(gx, a->n_heads), SCORE_T, smem, s,
 				  heads, ws, L, K));
 	}
+	if (upto < 3)
+		return 0;
 	uint32_t R, gx;
 	int many, rc = msel_grid(a, &R, &gx, &many);
 	if (rc)
@@ -4583,10 +4587,11 @@ int gpu_attend_packed(const struct gpu_attn_args *a, const struct gpu_head *head
 }
 
 template <int NQ, int D>
-static int launch_ss(const struct gpu_attn_args *a, const struct gpu_head *heads, cudaStream_t s)
+static int launch_ss(const struct gpu_attn_args *a, const struct gpu_head *heads, cudaStream_t s,
+		     int upto)
 {
 	struct ws_layout L = ws_plan(a, WS_PACKED);
-	return launch_score_select<NQ>(a, heads, L, s);
+	return launch_score_select<NQ>(a, heads, L, s, upto);
 }
 
 int gpu_score_select(const struct gpu_attn_args *a, const struct gpu_head *heads,
@@ -4594,7 +4599,15 @@ int gpu_score_select(const struct gpu_attn_args *a, const struct gpu_head *heads
 {
 	if (!args_ok(a) || !heads)
 		return -EINVAL;
-	DISPATCH_NQ_D(launch_ss, a, heads, s);
+	DISPATCH_NQ_D(launch_ss, a, heads, s, 3);
+}
+
+int gpu_score_select_upto(const struct gpu_attn_args *a, const struct gpu_head *heads,
+			  int stage, cudaStream_t s)
+{
+	if (!args_ok(a) || !heads || stage < 1 || stage > 3)
+		return -EINVAL;
+	DISPATCH_NQ_D(launch_ss, a, heads, s, stage);
 }
 
 static int quest_b_ok(uint32_t b)

@@ -182,6 +182,13 @@ GPU_HIDDEN int gpu_attend_packed(const struct gpu_attn_args *a,
  * gpu_ws_counts(). */
 GPU_HIDDEN int gpu_score_select(const struct gpu_attn_args *a,
 				const struct gpu_head *heads, cudaStream_t s);
+/* The same chain cut short, to time its parts in a graph (bench/attn
+ * --split): @stage 1 the histograms' clear and qrot, 2 and the score
+ * kernel, 3 and the select (= gpu_score_select).  -EINVAL for another
+ * stage or bad arguments. */
+GPU_HIDDEN int gpu_score_select_upto(const struct gpu_attn_args *a,
+				     const struct gpu_head *heads, int stage,
+				     cudaStream_t s);
 
 /* Views into the scratch after a call (device pointers). */
 GPU_HIDDEN float *gpu_ws_scores(const struct gpu_attn_args *a, uint32_t head);

@@ -327,6 +327,32 @@ Test(gpu, packed_staged_r16_b32) { check_packed_rq(64, 2, 1, 1, 32, 0.2, 3, 16, 
  * GPU_ATTN_SMALL_ROWS states it, from the encode options: g = 1, device
  * rows of at most 64 bytes (bf16: 2r; w bits: a bf16 scale and r w-bit
  * fields, padded to 16 bytes), d_keep <= 3d/4. */
+/* gpu_score_select_upto refuses a stage outside 1..3 and bad arguments
+ * before it touches CUDA (host only: runs without a GPU). */
+Test(gpu, score_select_upto_rejects)
+{
+	float q[4], out[4];
+	struct gpu_attn_args a;
+	memset(&a, 0, sizeof a);
+	a.n_heads = 2;
+	a.nq = 4;
+	a.d = 128;
+	a.token_frac = 0.1;
+	a.max_blocks = 1000;
+	a.max_segs = 3;
+	a.q = q;
+	a.out = out;
+	a.ws = q; /* never reached: every call below fails its checks first */
+	a.ws_bytes = gpu_attn_ws_bytes(&a);
+	const void *heads = q;
+	cr_assert_eq(gpu_score_select_upto(&a, heads, 0, 0), -EINVAL);
+	cr_assert_eq(gpu_score_select_upto(&a, heads, 4, 0), -EINVAL);
+	cr_assert_eq(gpu_score_select_upto(&a, NULL, 2, 0), -EINVAL);
+	a.ws_bytes -= 1;
+	cr_assert_eq(gpu_score_select_upto(&a, heads, 2, 0), -EINVAL);
+	cr_assert_eq(gpu_score_select_upto(NULL, heads, 2, 0), -EINVAL);
+}
+
 Test(gpu, small_rows_predicate)
 {
 	static const struct {
