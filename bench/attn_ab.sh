@@ -38,7 +38,7 @@ fi
 for i in $(seq 1 "${REPS:-2}"); do
 	for n in $names; do
 		timeout 200 /tmp/ab-build-$n/bench/attn $ARGS > "$OUT/bench-$n-$i.log" 2>&1
-		{ echo "== $n ($i)"; grep -E "^batch|^ +[0-9]+ +[0-9]+ \|" "$OUT/bench-$n-$i.log"; } >> "$OUT/summary.txt"
+		{ echo "== $n ($i)"; grep -E "^batch|^ +[0-9]+ +[0-9]+ \||split:" "$OUT/bench-$n-$i.log"; } >> "$OUT/summary.txt"
 	done
 done
 cat "$OUT/summary.txt"
