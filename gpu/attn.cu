@@ -804,7 +804,9 @@ __device__ __forceinline__ uint32_t block0_of(const struct sel_src &s, uint32_t 
 }
 
 /* Chunk key of a selected block: segment and aligned window of 1 << @cwl
- * blocks (fewer than 256 windows: a context has at most 65,536 blocks). */
+ * blocks.  A segment of ours has fewer than 256 windows (at most 8,192
+ * blocks); Quest's one segment (si = 0) may have more, and its key is then
+ * the window index alone: distinct windows, distinct keys either way. */
 __device__ __forceinline__ uint32_t chunk_key(uint32_t si, uint32_t i, uint32_t blk0,
 					      uint32_t cwl)
 {
