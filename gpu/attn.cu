@@ -2875,9 +2875,14 @@ struct st_stage {
  * bits, ~2 with a stride of 80 bytes (a simulation of the lanes'
  * addresses; gpu/NOTES.md).
  */
-__device__ __forceinline__ uint32_t st_rs(uint32_t rs, bool pad)
+__host__ __device__ __forceinline__ uint32_t st_pad_lg(uint32_t rs)
 {
-	return pad && (rs == 16 || rs == 32) ? rs + 8 : rs;
+	return rs == 32 ? 6u : rs == 16 ? 5u : 0u; /* log2 of the row's bytes; 0: no padding */
+}
+
+__host__ __device__ __forceinline__ uint32_t st_rs(uint32_t rs, bool pad)
+{
+	return pad && st_pad_lg(rs) ? rs + 8 : rs;
 }
 
 /* LD = 16 KC + 8 halves a tile row: a stride of 32 KC + 16 bytes, an odd
@@ -2950,9 +2955,10 @@ __device__ __forceinline__ void st_copy(uint32_t dst, const void *src, uint32_t 
 
 /* The padding before byte @o of the aligned fill's rows of @rs halves
  * (st_rs with pad). */
-__device__ __forceinline__ uint32_t st_pad_of(uint32_t o, uint32_t rs)
+__host__ __device__ __forceinline__ uint32_t st_pad_of(uint32_t o, uint32_t rs)
 {
-	return rs == 32 ? (o >> 6) << 4 : rs == 16 ? (o >> 5) << 4 : 0u;
+	uint32_t lg = st_pad_lg(rs);
+	return lg ? (o >> lg) << 4 : 0u;
 }
 
 /* Tokens [t0, t0 + nt) of @sg into stage @S; one commit group.  The rows
