@@ -353,6 +353,40 @@ Test(gpu, score_select_upto_rejects)
 	cr_assert_eq(gpu_score_select_upto(NULL, heads, 2, 0), -EINVAL);
 }
 
+/* The scratch size does not depend on the chunk width (gpu.cuh): the same
+ * bytes with GPU_ATTN_CHUNK_256, _512 or neither, below and above the
+ * width's threshold, and at least the size without an update buffer
+ * (host only). */
+Test(gpu, ws_bytes_any_chunk_width)
+{
+	static const uint32_t shape[][3] = {
+		/* n_heads, max_blocks, max_buf_blocks */
+		{8, 65536, 0}, {64, 65536, 300}, {64, 16384, 0}, {3, 777, 1000}, {1, 1, 1}};
+	for (size_t i = 0; i < sizeof shape / sizeof *shape; i++) {
+		struct gpu_attn_args a;
+		memset(&a, 0, sizeof a);
+		a.n_heads = shape[i][0];
+		a.max_blocks = shape[i][1];
+		a.max_buf_blocks = shape[i][2];
+		a.max_segs = a.max_blocks / 1024 + 1;
+		a.max_win = 128;
+		a.nq = 4;
+		a.d = 128;
+		a.quest_b = 16;
+		a.token_frac = 0.1;
+		size_t def = gpu_attn_ws_bytes(&a);
+		a.flags = GPU_ATTN_CHUNK_256;
+		size_t w256 = gpu_attn_ws_bytes(&a);
+		a.flags = GPU_ATTN_CHUNK_512;
+		size_t w512 = gpu_attn_ws_bytes(&a);
+		cr_assert(def > 0 && def == w256 && def == w512,
+			  "shape %zu: %zu / %zu / %zu bytes", i, def, w256, w512);
+		a.flags = 0;
+		a.max_buf_blocks = 0;
+		cr_assert(gpu_attn_ws_bytes(&a) <= def, "shape %zu: a buffer shrank the scratch", i);
+	}
+}
+
 Test(gpu, small_rows_predicate)
 {
 	static const struct {
