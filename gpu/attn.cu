@@ -3620,15 +3620,18 @@ __global__ void __launch_bounds__(128, SMALL ? 4 : 3)
  * combined into the lowest slot, rotated back once, the other slots
  * emptied (l = 0) for k_merge.  Grid (max_segs + 1, n_heads).
  */
-#define SR_MAXN 128 /* chunks a segment k_segrot combines from shared memory */
+/* chunks of a segment k_segrot combines from registers, every load at once
+ * (more: the L2 path); vdk <= D <= 128 = the CTA's threads.  Six CTAs per
+ * SM (37 KB of shared memory each) at <= 80 registers: 3 × NQ × SR_U
+ * values in registers at most 48. */
+#define SR_U(NQ) ((NQ) <= 4 ? 4 : 2)
 
 template <int NQ, int D>
-__global__ void __launch_bounds__(128) k_segrot(const struct gpu_head *heads, char *ws,
+__global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads, char *ws,
 						struct ws_layout L)
 {
 	__shared__ __align__(16) uint16_t rv[GPU_MAX_D * GPU_MAX_D];
 	__shared__ __align__(16) float orot[8 * GPU_MAX_D];
-	__shared__ float wm[SR_MAXN * NQ], wl[SR_MAXN * NQ]; /* chunk × head: m then weight; l */
 	__shared__ float mh[NQ], lh[NQ];
 	uint32_t si = blockIdx.x, hi = blockIdx.y;
 	pdl_trigger();
@@ -3651,43 +3654,46 @@ __global__ void __launch_bounds__(128) k_segrot(const struct gpu_head *heads, ch
 	/* the chunks are slots xa .. xa + n - 1 (a segment's are consecutive);
 	 * every load of a phase issued at once: a few L2 round trips in all */
 	const float2 *ml0 = (const float2 *)(pml0 + (size_t)xa * NQ * 2);
-	if (n <= SR_MAXN) {
-#pragma unroll 4
-		for (uint32_t i = threadIdx.x; i < n * NQ; i += blockDim.x) {
-			float2 ml = ml0[i];
-			wm[i] = ml.x;
-			wl[i] = ml.y;
-		}
-		__syncthreads();
-		if (threadIdx.x < NQ) {
-			uint32_t h = threadIdx.x;
-			float M = -INFINITY, ll = 0.0f;
-			for (uint32_t x = 0; x < n; x++)
-				if (wl[x * NQ + h] > 0.0f)
-					M = fmaxf(M, wm[x * NQ + h]);
-			for (uint32_t x = 0; x < n; x++)
-				if (wl[x * NQ + h] > 0.0f)
-					ll += exp2f(wm[x * NQ + h] - M) * wl[x * NQ + h];
-			mh[h] = M;
-			lh[h] = ll;
-		}
-		__syncthreads();
-		for (uint32_t i = threadIdx.x; i < n * NQ; i += blockDim.x)
-			wm[i] = wl[i] > 0.0f ? exp2f(wm[i] - mh[i % NQ]) : 0.0f;
-		__syncthreads();
-		for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
-			uint32_t h = i / vdk, c = i % vdk;
-			const float *p = po0 + ((size_t)xa * NQ + h) * D + c;
-			float o = 0.0f;
-#pragma unroll 4
-			for (uint32_t x = 0; x < n; x++) {
-				float f = wm[x * NQ + h];
-				if (f != 0.0f)
-					o = fmaf(f, p[(size_t)x * NQ * D], o);
+	constexpr int U = SR_U(NQ);
+	if (n <= (uint32_t)U) {
+		/* a thread per channel, every head: all its chunks' (m, l) and
+		 * values loaded before any math (one L2 round trip; segments of
+		 * 16K tokens have 2-4 chunks), no barrier before the rotation
+		 * (the shared-memory version: three barriers, three round trips) */
+		uint32_t c = threadIdx.x;
+		if (c < vdk) {
+			float2 ml[NQ][U];
+			float pv[NQ][U];
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+#pragma unroll
+				for (int u = 0; u < U; u++) {
+					bool ok = (uint32_t)u < n;
+					ml[h][u] = ok ? ml0[u * NQ + h] : make_float2(-INFINITY, 0.0f);
+					pv[h][u] = ok ? po0[((size_t)(xa + u) * NQ + h) * D + c] : 0.0f;
+				}
+#pragma unroll
+			for (int h = 0; h < NQ; h++) {
+				float M = -INFINITY, ll = 0.0f, o = 0.0f;
+#pragma unroll
+				for (int u = 0; u < U; u++)
+					if (ml[h][u].y > 0.0f)
+						M = fmaxf(M, ml[h][u].x);
+#pragma unroll
+				for (int u = 0; u < U; u++)
+					if (ml[h][u].y > 0.0f) {
+						float f = exp2f(ml[h][u].x - M);
+						o = fmaf(f, pv[h][u], o);
+						ll += f * ml[h][u].y;
+					}
+				orot[c * 8 + h] = o;
+				if (c == 0) {
+					mh[h] = M;
+					lh[h] = ll;
+				}
 			}
-			orot[c * 8 + h] = o;
 		}
-	} else { /* more chunks than the shared arrays hold: from L2 each time */
+	} else { /* more chunks: from L2, a pass for the maximum, one for the sums */
 		for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
 			uint32_t h = i / vdk, c = i % vdk;
 			float M = -INFINITY;
