@@ -19,7 +19,12 @@
  * GPU_ATTN_SMALL_ROWS (the staged path in its general layout, three CTAs
  * per SM instead of four).  ours_256, ours_512: ours with work chunks of
  * 256 / 512 blocks forced (GPU_ATTN_CHUNK_256 / _512; ours: the library's
- * choice by shape).
+ * choice by shape).  ours_sl, quest_sl: ours and Quest with the select
+ * writing the selected blocks' list and the chunk list for the attention
+ * kernel (GPU_ATTN_SELECT_LIST; by default the select leaves the cut and
+ * each attention CTA takes its window's blocks from the scores).  oscore
+ * and qscore time gpu_score_select / gpu_quest_score_select, which write
+ * the lists: the stage inside a step is shorter by that write.
  * os_1cta, os_many: ours' score+select stages (oscore) with the one-CTA
  * and the many-CTA select forced (GPU_ATTN_SELECT_ONE_CTA / _MANY_CTAS);
  * oscore uses the library's choice by shape.
@@ -190,6 +195,18 @@ static int f_packed_ssm(const struct gpu_attn_args *a, const void *h, cudaStream
 static int f_quest(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return gpu_attend_quest(a, h, s);
+}
+static int f_quest_sl(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SELECT_LIST;
+	return gpu_attend_quest(&b, h, s);
+}
+static int f_packed_sl(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_LIST;
+	return gpu_attend_packed(&b, h, s);
 }
 static int f_quest_ss(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -641,11 +658,11 @@ int main(int argc, char **argv)
 	RC(gpu_attn_ws_init(&amax, st));
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s\n",
+	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s | %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
 	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_256",
-	       "ours_512");
+	       "ours_512", "ours_sl", "quest_sl");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
@@ -678,6 +695,8 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_p3 = capture(f_packed_3, &a, dheads);
 			cudaGraphExec_t g_p256 = capture(f_packed_256, &a, dheads);
 			cudaGraphExec_t g_p512 = capture(f_packed_512, &a, dheads);
+			cudaGraphExec_t g_psl = capture(f_packed_sl, &a, dheads);
+			cudaGraphExec_t g_qsl = capture(f_quest_sl, &a, ddense);
 			cudaGraphExec_t g_q = capture(f_quest, &a, ddense);
 			cudaGraphExec_t g_qs = capture(f_quest_ss, &a, ddense);
 			cudaGraphExec_t g_d = capture(f_dense, &a, ddense);
@@ -687,6 +706,7 @@ int main(int argc, char **argv)
 			double t_psc = time_graph(g_psc, 1), t_ps1 = time_graph(g_ps1, 1);
 			double t_psm = time_graph(g_psm, 1), t_p3 = time_graph(g_p3, 1);
 			double t_p256 = time_graph(g_p256, 1), t_p512 = time_graph(g_p512, 1);
+			double t_psl = time_graph(g_psl, 1), t_qsl = time_graph(g_qsl, 1);
 			/* the serving format's rows (same bytes, 2.5x the values) */
 			make_heads(&s, H, L, dsegs, dheads, ddense, 1);
 			cudaGraphExec_t g_pq = capture(f_packed, &a, dheads);
@@ -700,7 +720,8 @@ int main(int argc, char **argv)
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			/* bytes the packed step must read: summaries, both rotations of
 			 * every segment, the selected blocks' packed K and V, the window */
-			CK(cudaGraphLaunch(g_p, st));
+			CK(cudaGraphLaunch(g_ps, st)); /* the step leaves no list: the
+							* score+select stage writes it */
 			CK(cudaStreamSynchronize(st));
 			double bytes = 0;
 			uint64_t nsel_tot = 0;
@@ -715,10 +736,10 @@ int main(int argc, char **argv)
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
 			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f "
-			       "%9.1f %9.1f\n",
+			       "%9.1f %9.1f | %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
-			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p256, t_p512);
+			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p256, t_p512, t_psl, t_qsl);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -749,6 +770,8 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_p3);
 			cudaGraphExecDestroy(g_p256);
 			cudaGraphExecDestroy(g_p512);
+			cudaGraphExecDestroy(g_psl);
+			cudaGraphExecDestroy(g_qsl);
 			cudaGraphExecDestroy(g_q);
 			cudaGraphExecDestroy(g_qs);
 			cudaGraphExecDestroy(g_d);
@@ -761,7 +784,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_256, ours_512 = ours with work chunks of 256 / 512 blocks forced)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_256, ours_512 = ours with work chunks of 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST)\n", RQ);
 
 	if (once)
 		return 0;

@@ -67,12 +67,15 @@ struct score_tile {
 };
 
 struct ws_layout {
-	size_t qr, qpm, tiles, scores, ntok, sel, selseg, selkey, chunk, counts, part_o, part_ml;
+	size_t qr, qpm, tiles, scores, ntok, sel, selseg, selkey, chunk, wdesc, counts, part_o,
+		part_ml;
 	size_t per_head;
 	size_t base; /* per-head regions start here; histograms and segment notes before */
 	uint32_t max_chunks, buf_chunks, win_tiles, slots;
 	uint32_t max_segs; /* segment notes per context: max_segs + 1 */
 	uint32_t cwl;      /* blocks per work chunk: 1 << cwl (chunk_lg) */
+	uint32_t cut_only; /* select: leave the cut for the attention kernel,
+			    * no list (set by the launch, not by ws_plan) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -103,6 +106,22 @@ static uint32_t chunk_lg(const struct gpu_attn_args *a)
 	if (a->flags & GPU_ATTN_CHUNK_256)
 		return 8;
 	return (uint64_t)a->n_heads * a->max_blocks >= CHUNK_WIDE_BLOCKS ? 9 : 8;
+}
+
+/*
+ * Whether a step's select leaves only the cut (each attention CTA then
+ * takes its window's blocks from the scores: window_take) or writes the
+ * lists.  The cut where the contexts hold fewer than CHUNK_WIDE_BLOCKS
+ * blocks: at 1M tokens, batch 1, 273 -> 259 us on the H200.  At batch 8
+ * (1M) a build with the cut everywhere measured its score stage ~75 us
+ * slower, and so did the list mode while k_qrot held the window table's
+ * code (run-time disabled); cause not found (k_qrot's CUT instances).
+ * GPU_ATTN_SELECT_LIST forces the lists.
+ */
+static int cut_only_of(const struct gpu_attn_args *a)
+{
+	return !(a->flags & GPU_ATTN_SELECT_LIST) &&
+	       (uint64_t)a->n_heads * a->max_blocks < CHUNK_WIDE_BLOCKS;
 }
 
 static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
@@ -145,6 +164,9 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 	off += 256;
 	L.chunk = off;
 	off += al256(((size_t)L.max_chunks + 1) * 4);
+	/* the window table shares the chunk list's words: a step reads one or
+	 * the other (L.cut_only), and the list is built after qrot writes it */
+	L.wdesc = L.chunk;
 	L.part_o = off;
 	off += al256((size_t)L.slots * a->nq * a->d * sizeof(float));
 	L.part_ml = off;
@@ -234,7 +256,26 @@ __device__ __forceinline__ void loadq(const float *p, float (&v)[NQ])
 
 #define QROT_LD (GPU_MAX_D + 8) /* padded bf16 row: conflict-free 16-byte reads */
 
-template <int NQ>
+/* Windows of 1 << @cwl blocks in the segments before segment @si (all of
+ * them for si = nseg); one warp, every lane gets the sum. */
+__device__ uint32_t wins_before(const struct gpu_head *H, uint32_t si, uint32_t cwl)
+{
+	uint32_t part = 0;
+	for (uint32_t t = threadIdx.x & 31; t < si && t < H->nseg; t += 32)
+		part += (H->segs[t].n_blocks + (1u << cwl) - 1) >> cwl;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		part += __shfl_xor_sync(0xffffffffu, part, o);
+	return part;
+}
+
+/* CUT: the step leaves only the cut (L.cut_only), so qrot also writes the
+ * window table.  A separate instance, not a run-time test: on the H200 the
+ * list-mode step (1M tokens, batch 8) measured its score stage ~70 µs
+ * slower after k_qrot merely contained the table's code (qrot itself was
+ * faster: 48 registers instead of 51), with the kernels alone equal in
+ * ncu; the CUT = false instance is the kernel of the list-only build. */
+template <int NQ, bool CUT>
 __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, const float *q,
 					      uint32_t d, char *ws, struct ws_layout L)
 {
@@ -245,12 +286,18 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t si = blockIdx.x, nseg = H->nseg;
 	const struct gpu_seg *sg;
-	if (si < nseg)
+	if (si < nseg) {
 		sg = &H->segs[si];
-	else if (si == nseg && H->buf)
+	} else if (si == nseg && H->buf) {
 		sg = H->buf;
-	else
+	} else {
+		if (CUT && si == nseg && threadIdx.x < 32) { /* no buffer: the count */
+			uint32_t n = wins_before(H, si, L.cwl);
+			if (threadIdx.x == 0)
+				WSP(uint32_t, L, wdesc, ws, blockIdx.y)[L.max_chunks] = n;
+		}
 		return;
+	}
 	const uint16_t *R = sg->k_rot;
 	uint32_t dk = sg->k_dk;
 	/* the whole rotation in one round trip */
@@ -266,6 +313,21 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	const float *qh = q + (size_t)blockIdx.y * NQ * d;
 	for (uint32_t i = threadIdx.x; i < NQ * d; i += blockDim.x)
 		qsm[(i % d) * 8 + i / d] = qh[i];
+	/* the window table (wdesc, for the attention kernel): segment si's
+	 * windows of 1 << cwl blocks come after those of the segments before
+	 * it (summed and written by warp 1 while the rotation arrives); CTA
+	 * nseg writes the count at [max_chunks] */
+	if (CUT && threadIdx.x >= 32 && threadIdx.x < 64) {
+		uint32_t n = wins_before(H, si, L.cwl), lane = threadIdx.x & 31;
+		uint32_t *wd = WSP(uint32_t, L, wdesc, ws, blockIdx.y);
+		if (si < nseg) {
+			uint32_t nw = (sg->n_blocks + (1u << L.cwl) - 1) >> L.cwl;
+			for (uint32_t i = lane; i < nw; i += 32)
+				wd[n + i] = (si << 8) | i;
+		} else if (lane == 0) {
+			wd[L.max_chunks] = n;
+		}
+	}
 	asm volatile("cp.async.wait_group 0;" ::: "memory");
 	__syncthreads();
 	float *qr = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * QR_ROWS * P;
@@ -798,6 +860,13 @@ struct sel_src {
 	uint32_t cwl; /* chunk width, log2 (ws_layout.cwl) */
 };
 
+/* Select state of context h after the histograms (cleared every step):
+ * the many-CTA select's tickets and counts, and the cut (SX_KSTAR,
+ * SX_TMAX) every select leaves there for sel_take. */
+enum { SX_DONE_B = 0, SX_DONE_D, SX_NCAND, SX_SLOW, SX_KSTAR, SX_TMAX, SX_NSEL,
+       SX_CNT = 64, SX_OFF = 128 };
+#define SELX(ws, h) (HIST(ws, h) + HIST_HI + HIST_LO)
+
 __device__ __forceinline__ uint32_t block0_of(const struct sel_src &s, uint32_t si)
 {
 	return s.segs ? s.segs[si].block0 : 0;
@@ -887,7 +956,7 @@ __device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mo
 				tiew += ntok[i];
 	uint32_t tot;
 	uint32_t P0 = block_excl_scan(tiew, scan_sh, &tot), P = P0;
-	uint32_t cnt = 0;
+	uint32_t cnt = 0, tmax = 0;
 	for (uint32_t i = i0; i < i1; i++) {
 		bool s;
 		if (i == 0 || mode == 1)
@@ -901,11 +970,29 @@ __device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mo
 			else if (k == kstar) {
 				s = above + P < need;
 				P += ntok[i];
+				if (s)
+					tmax = i; /* ties are taken in index order */
 			} else
 				s = false;
 		}
 		cnt += s;
 	}
+	/* the cut as sel_take reads it (every select leaves it) */
+	__syncthreads();
+	if (tid == 0)
+		sh_digit = 0;
+	__syncthreads();
+	if (tmax)
+		atomicMax(&sh_digit, tmax);
+	__syncthreads();
+	if (tid == 0) {
+		uint32_t *X = SELX(ws, h);
+		X[SX_KSTAR] = mode == 1 ? 0u : mode == 2 ? 0xffffffffu : kstar;
+		X[SX_TMAX] = mode == 0 ? sh_digit : 0u;
+	}
+	__syncthreads();
+	if (L.cut_only)
+		return 0;
 	uint32_t nsel;
 	uint32_t off = block_excl_scan(cnt, scan_sh, &nsel);
 	P = P0;
@@ -1263,6 +1350,7 @@ __device__ uint32_t sel_write_warp(const struct sel_src &src, const float *score
  * cut-off key; ties go to the lower index; a second coalesced pass writes
  * the selection in block order.  Returns the number selected, or
  * UINT32_MAX (nothing written) when the candidates overflow SEL_CAP.
+ * The cut goes to SELX (sel_take); L.cut_only: no second pass (returns 0).
  */
 __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mode, char *ws,
 				const struct ws_layout &L, uint32_t h, struct sel_smem &sm)
@@ -1290,6 +1378,13 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 		return UINT32_MAX; /* uniform */
 	uint32_t kstar = sel_exact(nc, prefix16, mode, need, above, R, sm);
 	__syncthreads();
+	if (tid == 0) { /* the cut as sel_take reads it (every select leaves it) */
+		uint32_t *X = SELX(ws, h);
+		X[SX_KSTAR] = kstar;
+		X[SX_TMAX] = sm.tie_max;
+	}
+	if (L.cut_only)
+		return 0;
 	if (w == 0) {
 		uint32_t v = sm.wcnt[lane], x = warp_incl_scan(v);
 		sm.woff[lane] = x - v;
@@ -1329,8 +1424,12 @@ __device__ void select_run(const struct sel_src src, double frac, char *ws,
 		nsel = select_fast(src, need, mode, ws, L, h, sm);
 		if (nsel == UINT32_MAX)
 			nsel = select_slow(src, need, mode, ws, L, h);
+	} else if (threadIdx.x == 0) { /* nothing to take */
+		SELX(ws, h)[SX_KSTAR] = 0xffffffffu;
+		SELX(ws, h)[SX_TMAX] = 0;
 	}
-	build_chunks(src, nsel, ws, L, h, sm.scan);
+	if (!L.cut_only)
+		build_chunks(src, nsel, ws, L, h, sm.scan);
 }
 
 __global__ void __launch_bounds__(SEL_T) k_select(const struct gpu_head *heads, double frac,
@@ -1375,9 +1474,6 @@ __global__ void __launch_bounds__(SEL_T) k_select_quest(const struct gpu_dense_h
  * itself and the write launch only builds the chunks.
  */
 #define MSEL_MAXC 64 /* CTAs per context at most */
-enum { SX_DONE_B = 0, SX_DONE_D, SX_NCAND, SX_SLOW, SX_KSTAR, SX_TMAX, SX_NSEL,
-       SX_CNT = 64, SX_OFF = 128 };
-#define SELX(ws, h) (HIST(ws, h) + HIST_HI + HIST_LO)
 
 /* After each thread's writes: true in the CTA that finished last among
  * the grid's row (blockIdx.y), which then sees every CTA's writes. */
@@ -1705,6 +1801,54 @@ __device__ __forceinline__ void mark_empty(float *pml, int nq)
 		pml[2 * i] = -INFINITY;
 		pml[2 * i + 1] = 0.0f;
 	}
+}
+
+/*
+ * The blocks of [@a0, @a1) (at most 512) the select's cut takes
+ * (sel_take), in block order, to @out: the CTA's own range of the sel
+ * array, read back with ordinary loads after the barrier (never __ldg:
+ * written in this kernel).  Returns the count (every thread; all 128
+ * threads call it).  Why here and not in the select: a list and a chunk
+ * list written by the select cost a launch (many-CTA select) or a pass
+ * (one-CTA) and their reads; a window's scores are 1-2 KB in L2.
+ */
+__device__ uint32_t window_take(const float *scores, uint32_t a0, uint32_t a1,
+				uint32_t kstar, uint32_t tmax, uint32_t *out)
+{
+	__shared__ uint32_t wsum[4];
+	constexpr int M = 4; /* blocks per thread: 512 / 128 */
+	uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+	uint32_t m = (a1 - a0 + 127) / 128, i0 = a0 + tid * m;
+	float sc[M];
+#pragma unroll
+	for (int u = 0; u < M; u++)
+		sc[u] = (uint32_t)u < m && i0 + u < a1 ? __ldg(scores + i0 + u) : 0.0f;
+	bool tk[M];
+	uint32_t c = 0;
+#pragma unroll
+	for (int u = 0; u < M; u++) {
+		uint32_t i = i0 + u;
+		tk[u] = (uint32_t)u < m && i < a1 && sel_take(i, fkey(sc[u]), kstar, tmax);
+		c += tk[u];
+	}
+	uint32_t x = warp_incl_scan(c);
+	if (lane == 31)
+		wsum[w] = x;
+	__syncthreads();
+	uint32_t before = 0, tot = 0;
+#pragma unroll
+	for (uint32_t k = 0; k < 4; k++) {
+		uint32_t v = wsum[k];
+		before += k < w ? v : 0u;
+		tot += v;
+	}
+	uint32_t p = before + x - c;
+#pragma unroll
+	for (int u = 0; u < M; u++)
+		if (tk[u])
+			out[p++] = i0 + u;
+	__syncthreads();
+	return tot;
 }
 
 /* Dense window tile range [t0, t1) by the CTA's 4 warps. */
@@ -2195,6 +2339,28 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 		window_cta<NQ, D, 8>(H->win_k, H->win_v, t0, min(H->win_n, t0 + WIN_TILE), qh, scale2,
 				     red, po, pml);
 		return false;
+	}
+	if (x < L.max_chunks && L.cut_only) { /* window x of the table qrot wrote */
+		const uint32_t *wd = WSP(uint32_t, L, wdesc, ws, hi);
+		const uint32_t *X = SELX(ws, hi);
+		uint32_t nwin = wd[L.max_chunks], e = x < nwin ? wd[x] : 0u;
+		uint32_t kstar = X[SX_KSTAR], tmax = X[SX_TMAX];
+		uint32_t n = 0, a0 = 0;
+		if (x < nwin) {
+			*si = e >> 8;
+			*sgp = &H->segs[*si];
+			a0 = (*sgp)->block0 + ((e & 255u) << L.cwl);
+			uint32_t a1 = min(a0 + (1u << L.cwl), (*sgp)->block0 + (*sgp)->n_blocks);
+			n = window_take(WSP(float, L, scores, ws, hi), a0, a1, kstar, tmax,
+					WSP(uint32_t, L, sel, ws, hi) + a0);
+		}
+		if (n == 0) {
+			mark_empty(pml, NQ);
+			return false;
+		}
+		*cnt = n;
+		*list = WSP(uint32_t, L, sel, ws, hi) + a0;
+		return true;
 	}
 	if (x < L.max_chunks) {
 		uint32_t nch = counts[1];
@@ -3331,11 +3497,11 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	 * do not overlap sm.qs). */
 	uint32_t i = w, t = 0, t1 = 0, nxt = 0;
 	if (i < cnt) {
-		t = (list ? __ldg(list + i) - sg.block0 : base_blk + i) * sg.b;
+		t = (list ? list[i] - sg.block0 : base_blk + i) * sg.b;
 		t1 = min(sg.n, t + sg.b);
 		st_fill(sg, t, min(16u, t1 - t), W.s[0], lane, al16);
 		if (i + 4 < cnt)
-			nxt = (list ? __ldg(list + i + 4) - sg.block0 : base_blk + i + 4) * sg.b;
+			nxt = (list ? list[i + 4] - sg.block0 : base_blk + i + 4) * sg.b;
 	}
 	/* Q'ᵀ fragments: column g of n-tile u is head 4u + g % 4, part g / 4 */
 #pragma unroll 4
@@ -3377,7 +3543,7 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 				nt0 = nxt;
 				nt1 = min(sg.n, nt0 + sg.b);
 				if (ni + 4 < cnt)
-					nxt = (list ? __ldg(list + ni + 4) - sg.block0
+					nxt = (list ? list[ni + 4] - sg.block0
 						    : base_blk + ni + 4) * sg.b;
 			}
 		}
@@ -3880,14 +4046,31 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 			dense_tile<NQ, D>(H->k + t * D, H->v + t * D, (int)min((uint64_t)16, t1 - t), q2, st);
 		}
 	} else {
-		const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
-		if (x >= counts[1]) {
-			mark_empty(pml, NQ);
-			return;
-		}
-		const uint32_t *chunk = WSP(uint32_t, L, chunk, ws, hi);
 		const uint32_t *sel = WSP(uint32_t, L, sel, ws, hi);
-		uint32_t s0 = chunk[x], s1 = chunk[x + 1];
+		uint32_t s0, s1;
+		if (L.cut_only) { /* window x of 1 << cwl blocks (packed_cta_work) */
+			uint32_t nb = (uint32_t)((H->n + qb - 1) / qb), a0 = x << L.cwl;
+			const uint32_t *X = SELX(ws, hi);
+			uint32_t n = a0 < nb ? window_take(WSP(float, L, scores, ws, hi), a0,
+							   min(nb, a0 + (1u << L.cwl)), X[SX_KSTAR],
+							   X[SX_TMAX], WSP(uint32_t, L, sel, ws, hi) + a0)
+					     : 0u;
+			if (n == 0) {
+				mark_empty(pml, NQ);
+				return;
+			}
+			s0 = a0;
+			s1 = a0 + n;
+		} else {
+			const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
+			if (x >= counts[1]) {
+				mark_empty(pml, NQ);
+				return;
+			}
+			const uint32_t *chunk = WSP(uint32_t, L, chunk, ws, hi);
+			s0 = chunk[x];
+			s1 = chunk[x + 1];
+		}
 		/* warps take 16-token tiles of the chunk's blocks round-robin */
 		uint32_t tpb = (qb + 15) / 16, ntiles = (s1 - s0) * tpb;
 		for (uint32_t i = w; i < ntiles && i < w + 8; i += 4) {
@@ -4403,7 +4586,12 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	/* the score kernel adds into the histograms: clear them (one memset
 	 * node in a graph, spread over the whole GPU) */
 	GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
-	k_qrot<NQ><<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d, ws, L);
+	if (L.cut_only)
+		k_qrot<NQ, true><<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d,
+										  ws, L);
+	else
+		k_qrot<NQ, false><<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d,
+										   ws, L);
 	GPU_CKL();
 	if (upto < 2)
 		return 0;
@@ -4433,8 +4621,9 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 				    (int)sizeof(struct sel_smem)));
 	GPU_CK(gpu_launch(pdl_of(a), k_msel_count, dim3(gx, a->n_heads), SEL_T,
 			  sizeof(struct sel_smem), s, heads, a->token_frac, ws, L, R));
-	GPU_CK(gpu_launch(pdl_of(a), k_msel_write, dim3(gx, a->n_heads), SEL_T, 0, s, heads, ws, L,
-			  R));
+	if (!L.cut_only)
+		GPU_CK(gpu_launch(pdl_of(a), k_msel_write, dim3(gx, a->n_heads), SEL_T, 0, s, heads,
+				  ws, L, R));
 	return 0;
 }
 
@@ -4443,6 +4632,7 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 			 cudaStream_t s)
 {
 	struct ws_layout L = ws_plan(a, WS_PACKED);
+	L.cut_only = cut_only_of(a);
 	int rc = launch_score_select<NQ>(a, heads, L, s);
 	if (rc)
 		return rc;
@@ -4539,6 +4729,7 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 	if (!quest && !(a->flags & GPU_ATTN_CUDA_CORES))
 		return launch_dense_tc<NQ, D>(a, heads, s);
 	struct ws_layout L = ws_plan(a, quest ? WS_QUEST : WS_DENSE);
+	L.cut_only = quest && attend && cut_only_of(a);
 	char *ws = (char *)a->ws;
 	if (quest) {
 		GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
@@ -4563,8 +4754,10 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 			GPU_CK(gpu_launch(pdl_of(a), k_msel_count_quest, dim3(gx, a->n_heads),
 					  SEL_T, sizeof(struct sel_smem), s, heads, a->quest_b,
 					  a->token_frac, ws, L, R));
-			GPU_CK(gpu_launch(pdl_of(a), k_msel_write_quest, dim3(gx, a->n_heads),
-					  SEL_T, 0, s, heads, a->quest_b, ws, L, R));
+			if (!L.cut_only)
+				GPU_CK(gpu_launch(pdl_of(a), k_msel_write_quest,
+						  dim3(gx, a->n_heads), SEL_T, 0, s, heads,
+						  a->quest_b, ws, L, R));
 		}
 	}
 	if (!attend)
@@ -4686,4 +4879,9 @@ uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head)
 {
 	struct ws_layout L = ws_plan(a, WS_PACKED);
 	return WSP(uint32_t, L, chunk, a->ws, head);
+}
+
+uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head)
+{
+	return SELX((char *)a->ws, head) + SX_KSTAR;
 }

@@ -149,6 +149,14 @@ struct gpu_attn_args {
  * not depend on them. */
 #define GPU_ATTN_CHUNK_256 128u
 #define GPU_ATTN_CHUNK_512 256u
+/* The step's select writes the selected blocks' list and the chunk list
+ * (as gpu_score_select does), one more launch or pass, and the attention
+ * kernel reads them.  By default that holds where all contexts together
+ * hold 2^20 blocks or more; below, the select leaves only the cut (the
+ * key and the last tie taken) and each attention CTA takes the blocks of
+ * its window from the scores itself (faster on the H200 at batch 1;
+ * gpu/NOTES.md). */
+#define GPU_ATTN_SELECT_LIST 512u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
@@ -197,6 +205,11 @@ GPU_HIDDEN uint32_t *gpu_ws_selected(const struct gpu_attn_args *a, uint32_t hea
 GPU_HIDDEN uint32_t *gpu_ws_counts(const struct gpu_attn_args *a, uint32_t head);
 /* chunk starts: counts[1] + 1 list positions, the last one counts[0] */
 GPU_HIDDEN uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head);
+/* After a step or gpu_score_select (every select leaves it): the cut, two
+ * words: the key (scores mapped to ordered uint32)
+ * and the last tied block taken (0: none).  Block i is selected iff i == 0,
+ * its key is above the first word, or equal to it with i <= the second. */
+GPU_HIDDEN uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head);
 
 /* --- Baselines ---------------------------------------------------------- */
 

@@ -807,12 +807,50 @@ static void sel_fetch(const struct run *r, uint32_t h, struct sel_out *o)
 			 cudaMemcpyDeviceToHost));
 }
 
+static uint32_t host_fkey(float f)
+{
+	float z = f + 0.0f;
+	uint32_t u;
+	memcpy(&u, &z, 4);
+	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* The cut in the scratch (key and last tie taken: what a step's select
+ * leaves instead of a list) takes exactly the blocks of list @o that
+ * gpu_score_select wrote: sel_take's rule over the scratch's scores of
+ * head @h's @nb blocks. */
+static void cut_equals_list(struct run *r, uint32_t h, uint32_t nb, const struct sel_out *o,
+			    uint64_t seed)
+{
+	uint32_t cut[2];
+	float *sc = malloc(4 * (size_t)nb);
+	GU_CK(cudaMemcpy(cut, gpu_ws_cut(&r->a, h), 8, cudaMemcpyDeviceToHost));
+	GU_CK(cudaMemcpy(sc, gpu_ws_scores(&r->a, h), 4 * (size_t)nb, cudaMemcpyDeviceToHost));
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < nb; i++) {
+		uint32_t k = host_fkey(sc[i]);
+		bool take = i == 0 || k > cut[0] || (k == cut[0] && cut[1] && i <= cut[1]);
+		if (!take)
+			continue;
+		cr_assert(n < o->cnt[0] && o->sel[n] == i,
+			  "seed %llu head %u: the cut takes block %u, the list has %u at %u",
+			  (unsigned long long)seed, h, i, n < o->cnt[0] ? o->sel[n] : 0u, n);
+		n++;
+	}
+	cr_assert_eq(n, o->cnt[0], "seed %llu head %u: the cut takes %u, the list %u",
+		     (unsigned long long)seed, h, n, o->cnt[0]);
+	free(sc);
+}
+
 /*
  * The many-CTA select and the one-CTA select make the same
  * selection and chunk list, bit for bit, on a freshly poisoned scratch
- * each time.  Returns the heads' total selected count.
+ * each time; the cut each leaves takes the same blocks (cut_equals_list;
+ * @nbs: the heads' block counts), and so does a step's (@step: the heads
+ * have packed rows to attend).  Returns the heads' total selected count.
  */
-static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed)
+static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed,
+			       const uint32_t *nbs, int step)
 {
 	struct sel_out one[MAXH], many[MAXH];
 	uint64_t total = 0;
@@ -821,8 +859,18 @@ static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed)
 		r->a.flags = pass ? GPU_ATTN_SELECT_ONE_CTA : GPU_ATTN_SELECT_MANY_CTAS;
 		cr_assert_eq(gpu_score_select(&r->a, dheads, 0), 0);
 		GU_CK(cudaDeviceSynchronize());
-		for (uint32_t h = 0; h < r->H; h++)
+		for (uint32_t h = 0; h < r->H; h++) {
 			sel_fetch(r, h, pass ? &one[h] : &many[h]);
+			cut_equals_list(r, h, nbs[h], pass ? &one[h] : &many[h], seed);
+		}
+		if (!step)
+			continue;
+		/* a step: its select leaves only the cut */
+		GU_CK(cudaMemset(r->ws, 0xff, r->a.ws_bytes));
+		cr_assert_eq(gpu_attend_packed(&r->a, dheads, 0), 0);
+		GU_CK(cudaDeviceSynchronize());
+		for (uint32_t h = 0; h < r->H; h++)
+			cut_equals_list(r, h, nbs[h], pass ? &one[h] : &many[h], seed);
 	}
 	r->a.flags = g_flags;
 	for (uint32_t h = 0; h < r->H; h++) {
@@ -864,7 +912,10 @@ Test(gpu, select_many_ctas_equals_one_cta)
 		run_init(&r, &rng, H, nq, d, fracs[f]);
 		run_args(&r, nseg, maxb, 0, 16);
 		upload_heads(&r, c);
-		uint64_t n = same_selection(&r, r.dheads, seed);
+		uint32_t nbs[MAXH];
+		for (uint32_t h = 0; h < H; h++)
+			nbs[h] = c[h].n_blocks;
+		uint64_t n = same_selection(&r, r.dheads, seed, nbs, 1);
 		if (fracs[f] == 1.0) {
 			uint64_t all = 0;
 			for (uint32_t h = 0; h < H; h++)
@@ -896,7 +947,7 @@ static void many_ctas_1m(int all_equal)
 	r.dheads = gu_upload(&m.hh, sizeof m.hh);
 	uint32_t budget = (uint32_t)ceil(0.1 * m.nb * m.b);
 	uint32_t want = (budget - m.b + m.b - 1) / m.b + 1;
-	cr_assert_eq(same_selection(&r, r.dheads, seed), want);
+	cr_assert_eq(same_selection(&r, r.dheads, seed, &m.nb, 0), want);
 	synth1m_free(&m);
 	run_free(&r);
 }
