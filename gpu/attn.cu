@@ -4586,12 +4586,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	/* the score kernel adds into the histograms: clear them (one memset
 	 * node in a graph, spread over the whole GPU) */
 	GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
-	if (L.cut_only)
-		k_qrot<NQ, true><<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d,
-										  ws, L);
-	else
-		k_qrot<NQ, false><<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d,
-										   ws, L);
+	auto qrot = L.cut_only ? k_qrot<NQ, true> : k_qrot<NQ, false>;
+	qrot<<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d, ws, L);
 	GPU_CKL();
 	if (upto < 2)
 		return 0;
@@ -4649,25 +4645,16 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 		static_assert(offsetof(tc_smem, red) + sizeof(((tc_smem *)0)->red) <=
 				      sizeof(st_smem<NU, 3 * D / 64, ST_SMALL_ROWB>),
 			      "small staged layout too small for the window");
-		if (a->flags & GPU_ATTN_SMALL_ROWS) {
-			size_t smem = sizeof(st_smem<NU, 3 * D / 64, ST_SMALL_ROWB>);
-			GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D, true>,
-						    cudaFuncAttributeMaxDynamicSharedMemorySize,
-						    (int)smem));
-			GPU_CK(gpu_launch(pdl_of(a), k_attn_packed_tc<NQ, D, true>,
-					  dim3(L.slots, a->n_heads), 128, smem, s, heads, a->q,
-					  scale2_of(a), (char *)a->ws, L, a->flags));
-		} else {
-			size_t smem = sizeof(tc_smem) > sizeof(st_smem<NU, D / 16, ST_ROWB>)
+		const bool small = a->flags & GPU_ATTN_SMALL_ROWS;
+		auto attn = small ? k_attn_packed_tc<NQ, D, true> : k_attn_packed_tc<NQ, D, false>;
+		size_t smem = small ? sizeof(st_smem<NU, 3 * D / 64, ST_SMALL_ROWB>)
+				    : sizeof(tc_smem) > sizeof(st_smem<NU, D / 16, ST_ROWB>)
 					      ? sizeof(tc_smem)
 					      : sizeof(st_smem<NU, D / 16, ST_ROWB>);
-			GPU_CK(cudaFuncSetAttribute(k_attn_packed_tc<NQ, D, false>,
-						    cudaFuncAttributeMaxDynamicSharedMemorySize,
-						    (int)smem));
-			GPU_CK(gpu_launch(pdl_of(a), k_attn_packed_tc<NQ, D, false>,
-					  dim3(L.slots, a->n_heads), 128, smem, s, heads, a->q,
-					  scale2_of(a), (char *)a->ws, L, a->flags));
-		}
+		GPU_CK(cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					    (int)smem));
+		GPU_CK(gpu_launch(pdl_of(a), attn, dim3(L.slots, a->n_heads), 128, smem, s, heads,
+				  a->q, scale2_of(a), (char *)a->ws, L, a->flags));
 		GPU_CK(gpu_launch(pdl_of(a), k_segrot<NQ, D>, dim3(a->max_segs + 1, a->n_heads), 128,
 				  0, s, heads, (char *)a->ws, L));
 	}
