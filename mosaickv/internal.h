@@ -22,6 +22,9 @@ struct mkv_segment {
 	void *sum_max;
 	void *sum_rest;
 	float *rot_f32; /* rotation expanded to float once, d_keep × d */
+	/* Growable segments: the projection appends encode with (d_keep × d,
+	 * mkv_rot_projection of rot_f32); NULL otherwise. */
+	float *proj_f32;
 };
 
 /*
@@ -154,6 +157,22 @@ static inline float mkv_rest_norm(const float *x, uint32_t d, const float *xr,
 	return sqrtf(r > 0.0f ? r : 0.0f);
 }
 
+/* The same for a key, summed in double: the block's remainder bound.  The
+ * difference cancels where a key lies almost wholly in its S channels,
+ * and float sums over d = 256 squares left ~1e-3 |x| there (queries keep
+ * the float sums above, which the GPU's scores repeat bit for bit). */
+static inline float mkv_key_rest_norm(const float *x, uint32_t d, const float *xr,
+				      uint32_t S)
+{
+	double nx = 0.0, ns = 0.0;
+	for (uint32_t c = 0; c < d; c++)
+		nx += (double)x[c] * x[c];
+	for (uint32_t c = 0; c < S; c++)
+		ns += (double)xr[c] * xr[c];
+	double r = nx - ns;
+	return (float)sqrt(r > 0.0 ? r : 0.0);
+}
+
 /* Options validation shared by the entry points. */
 MKV_HIDDEN bool mkv_d_valid(uint32_t d);
 MKV_HIDDEN bool mkv_g_valid(uint32_t g);
@@ -192,5 +211,12 @@ MKV_HIDDEN int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n,
  * descending into @eig (may be NULL).  Returns 0, -MKV_ELAPACK, -ENOMEM. */
 MKV_HIDDEN int mkv_eigen_rows(const double *cov, uint32_t d, float *R,
 			      double *eig);
+
+/* The encoder's projection P = (R Rᵀ)⁻¹ R of a stored rotation R (dk × d
+ * floats) into @P (may not alias R), or P = R where R Rᵀ is not within
+ * 2^-4 of I.  Returns 0, -EINVAL (dk = 0 or > d) or -ENOMEM (P
+ * untouched). */
+MKV_HIDDEN int mkv_rot_projection(const float *R, uint32_t dk, uint32_t d,
+				  float *P);
 
 #endif

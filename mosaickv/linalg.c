@@ -202,3 +202,45 @@ bool mkv_b_valid(uint32_t b)
 {
 	return b == 8 || b == 16 || b == 32 || b == 64;
 }
+
+/*
+ * The encoder's projection for a stored rotation R (dk × d, rows meant to
+ * be orthonormal): P = (R Rᵀ)⁻¹ R, so that the coefficients X' = X Pᵀ
+ * decode by X' R to X's projection onto R's rows, exactly.  A bf16 R is
+ * orthonormal only to ~2^-9; projecting with R itself would leave an
+ * error of that size even with every channel kept (r = d).  Cholesky in
+ * double (products of floats are exact there).  Only where R R ᵀ is
+ * within 2^-4 of I: a rotation that far from orthonormal was not rounded
+ * from one, and the documented X Rᵀ is used as given (P = R).
+ */
+int mkv_rot_projection(const float *R, uint32_t dk, uint32_t d, float *P)
+{
+	if (dk == 0 || d == 0 || dk > d)
+		return -EINVAL;
+	double *G = malloc(sizeof(double) * dk * dk);
+	double *B = malloc(sizeof(double) * dk * d);
+	if (!G || !B) {
+		free(G);
+		free(B);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < (size_t)dk * d; i++)
+		B[i] = R[i];
+	cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)dk, (int)d, 1.0,
+		    B, (int)d, 0.0, G, (int)dk);
+	double dev = 0.0;
+	for (uint32_t a = 0; a < dk; a++)
+		for (uint32_t b = a; b < dk; b++)
+			dev = fmax(dev, fabs(G[a * dk + b] - (a == b ? 1.0 : 0.0)));
+	bool solve = dev > 0.0 && dev <= 0.0625 &&
+		     LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', (lapack_int)dk, G,
+				    (lapack_int)dk) == 0 &&
+		     LAPACKE_dpotrs(LAPACK_ROW_MAJOR, 'U', (lapack_int)dk,
+				    (lapack_int)d, G, (lapack_int)dk, B,
+				    (lapack_int)d) == 0;
+	for (size_t i = 0; i < (size_t)dk * d; i++)
+		P[i] = solve ? (float)B[i] : R[i];
+	free(G);
+	free(B);
+	return 0;
+}

@@ -150,6 +150,7 @@ void mkv_segment_destroy(struct mkv_segment *s)
 	free(s->sum_max);
 	free(s->sum_rest);
 	free(s->rot_f32);
+	free(s->proj_f32);
 	free(s);
 }
 
@@ -350,9 +351,10 @@ static void group_energy(const float *xr, uint32_t d_keep, uint32_t g,
 }
 
 /* The global mask: the r/g groups of largest total energy over the
- * segment, found in a pass of its own before anything is packed. */
-static void global_mask(struct mkv_segment *s, const void *x, enum mkv_dtype dt,
-			float *buf, float *xr, uint8_t *sel)
+ * segment, found in a pass of its own before anything is packed; @P is
+ * the encoder's projection. */
+static void global_mask(struct mkv_segment *s, const float *P, const void *x,
+			enum mkv_dtype dt, float *buf, float *xr, uint8_t *sel)
 {
 	const struct mkv_packed_view *v = &s->v;
 	uint32_t ng = v->d_keep / v->g, d = v->d;
@@ -362,7 +364,7 @@ static void global_mask(struct mkv_segment *s, const void *x, enum mkv_dtype dt,
 		size_t m = v->n - i0 < ENC_CHUNK ? v->n - i0 : ENC_CHUNK;
 		load_rows(buf, x, dt, i0, m, d);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m,
-			    (int)v->d_keep, (int)d, 1.0f, buf, (int)d, s->rot_f32,
+			    (int)v->d_keep, (int)d, 1.0f, buf, (int)d, P,
 			    (int)d, 0.0f, xr, (int)v->d_keep);
 		for (size_t i = 0; i < m; i++) {
 			group_energy(xr + i * v->d_keep, v->d_keep, v->g, e);
@@ -416,7 +418,7 @@ static void encode_summaries(struct mkv_segment *s, const float *x,
 		size_t r1 = r0 + v->b < m ? r0 + v->b : m;
 		float rest = 0.0f;
 		for (size_t i = r0; i < r1; i++)
-			rest = fmaxf(rest, mkv_rest_norm(x + i * v->d, v->d,
+			rest = fmaxf(rest, mkv_key_rest_norm(x + i * v->d, v->d,
 						     xr + i * v->d_keep, S));
 		store_rest(s, (i0 + r0) / v->b, rest);
 		for (uint32_t c = 0; c < S; c++)
@@ -498,14 +500,18 @@ int mkv_segment_encode(const struct mkv_encode_opts *oin, const void *x,
 		goto fail;
 	mkv_store(s->rotation, R, v.store_dtype, (size_t)d_keep * d);
 	seg_expand_rotation(s);
+	/* R's buffer now holds the projection: the stored rotation is the
+	 * rounded one, and decoding multiplies by it (mkv_rot_projection). */
+	if ((rc = mkv_rot_projection(s->rot_f32, d_keep, d, R)))
+		goto fail;
 	if (o->select == MKV_SELECT_GLOBAL)
-		global_mask(s, x, dt, buf, xr, gsel);
+		global_mask(s, R, x, dt, buf, xr, gsel);
 	for (size_t i0 = 0; i0 < n; i0 += ENC_CHUNK) {
 		size_t m = n - i0 < ENC_CHUNK ? n - i0 : ENC_CHUNK;
 		load_rows(buf, x, dt, i0, m, d); /* checked finite above */
-		/* X' = X Rᵀ with the stored (possibly rounded) rotation. */
+		/* X' = X Pᵀ: X' R is X's projection onto the stored rows. */
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m,
-			    (int)d_keep, (int)d, 1.0f, buf, (int)d, s->rot_f32,
+			    (int)d_keep, (int)d, 1.0f, buf, (int)d, R,
 			    (int)d, 0.0f, xr, (int)d_keep);
 		encode_rows(s, xr, i0, m, o->select == MKV_SELECT_GLOBAL ? gsel : NULL);
 		if (o->kind == MKV_KIND_KEY)
@@ -925,8 +931,12 @@ int seg_grow_create(const struct mkv_encode_opts *oin, struct mkv_segment **out)
 	}
 	memcpy(R, o->rotation, sizeof(float) * d_keep * o->d);
 	mkv_store(s->rotation, R, v.store_dtype, (size_t)d_keep * o->d);
-	free(R);
 	seg_expand_rotation(s);
+	s->proj_f32 = R; /* owned by the segment from here */
+	if ((rc = mkv_rot_projection(s->rot_f32, d_keep, o->d, R))) {
+		mkv_segment_destroy(s);
+		return rc;
+	}
 	s->v.n = 0;
 	s->v.n_blocks = 0;
 	*out = s;
@@ -999,7 +1009,7 @@ int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
 	for (size_t t = 0; t < n; t++) {
 		size_t i = v->n;
 		cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)v->d_keep, (int)v->d,
-			    1.0f, s->rot_f32, (int)v->d, x + t * v->d, 1, 0.0f, xr, 1);
+			    1.0f, s->proj_f32, (int)v->d, x + t * v->d, 1, 0.0f, xr, 1);
 		group_energy(xr, v->d_keep, v->g, e);
 		mkv_topk_mask(e, ng, kg, sel, tmp);
 		memset(s->bitmaps + i * v->bitmap_bytes, 0, v->bitmap_bytes);
@@ -1020,7 +1030,7 @@ int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
 					((uint16_t *)s->sum_max)[off + c] = mkv_f32_to_bf16_up(hi);
 				}
 			}
-			float rest = mkv_rest_norm(x + t * v->d, v->d, xr, S);
+			float rest = mkv_key_rest_norm(x + t * v->d, v->d, xr, S);
 			if (!first)
 				rest = fmaxf(rest, mkv_elem(s->sum_rest, v->store_dtype, i / v->b));
 			store_rest(s, i / v->b, rest);

@@ -265,7 +265,11 @@ static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
 	}
 	if ((rc = dalloc(g, &x->mem, bytes, st)))
 		goto fail;
-	if ((rc = gpu_seg_image(&k->v, &v->v, cap, img, x->mem, &x->g)))
+	/* An update buffer (growable segments) carries its projections, so
+	 * rows appended on the device are the ones the CPU would append. */
+	bool proj = k->proj_f32 && v->proj_f32;
+	if ((rc = gpu_seg_image_proj(&k->v, &v->v, proj ? k->proj_f32 : NULL,
+				     proj ? v->proj_f32 : NULL, cap, img, x->mem, &x->g)))
 		goto fail;
 	CK(cudaMemcpyAsync(x->mem, img, bytes, cudaMemcpyHostToDevice, st));
 	CK(cudaStreamSynchronize(st));

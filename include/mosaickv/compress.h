@@ -218,8 +218,12 @@ MKV_API int mkv_segment_decode(const struct mkv_segment *s, size_t first,
 
 /*
  * Copy the rotation used by @s, as floats, into @R (d_keep × d).  Returns 0
- * or -EINVAL.  With store_dtype BF16 this is the rounded rotation, which is
- * the one the segment was encoded with.
+ * or -EINVAL.  With store_dtype BF16 this is the rounded rotation, the one
+ * decoding and attention multiply by.  Rounded rows are orthonormal only
+ * to ~2^-9, so the encoder projects with P = (R Rᵀ)⁻¹ R rather than R
+ * (X' = X Pᵀ, and X' R is X's projection onto R's rows, X itself at
+ * r = d_keep = d); where R Rᵀ is not within 2^-4 of I (a given rotation
+ * far from orthonormal) it projects with R.
  */
 MKV_API int mkv_segment_rotation(const struct mkv_segment *s, float *R);
 

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "helpers.h"
+#include "projection.h"
 
 #define MAXSEG 6
 
@@ -217,16 +218,20 @@ Test(blocksel, score_blocks_matches_bound)
 					acc += R[(size_t)a * d + c] * h.qd[(size_t)hh * d + c];
 				qr[(size_t)hh * dk + a] = acc;
 			}
-		/* exact rotated keys, to check the summaries bound them */
+		/* exact rotated keys, to check the summaries bound them: the
+		 * encoder's coefficients, X Pᵀ with P = (R Rᵀ)⁻¹ R */
+		double *P = th_alloc((size_t)dk * d * sizeof *P);
+		th_projection(R, dk, d, P);
 		size_t n = h.lens[0];
 		double *kr = th_alloc(n * S * sizeof *kr);
 		for (size_t i = 0; i < n; i++)
 			for (uint32_t a = 0; a < S; a++) {
 				double acc = 0;
 				for (uint32_t c = 0; c < d; c++)
-					acc += R[(size_t)a * d + c] * h.k[i * d + c];
+					acc += P[(size_t)a * d + c] * h.k[i * d + c];
 				kr[i * S + a] = acc;
 			}
+		free(P);
 		/* float rounding of a rotated channel scales with the key norm
 		 * (channels past the rank of a short segment are pure rounding) */
 		double knorm = 0;

@@ -384,7 +384,9 @@ Test(packed_attention, custom_scale)
 }
 
 /*
- * Lossy settings.  bf16 storage with r = d: only rounding, error < 1e-2.
+ * Lossy settings.  bf16 storage with r = d: only the values' rounding,
+ * error < 1e-3 (the encoder inverts the rounded rotation: projecting with
+ * it instead left ~1.7e-3).
  * Default compression (bf16, r = d/4, 25% channels dropped) on correlated
  * data: finite, error < 1 (a sanity bound), both with every block and with
  * the default 10% of tokens.
@@ -423,7 +425,7 @@ static void check_lossy(uint32_t d, bool full_r)
 		cr_assert(isfinite(out[i]), "seed=%llu: out[%zu] not finite",
 			  (unsigned long long)seed, i);
 	double err = th_rel_err_fd(out, ref, (size_t)nq * d);
-	double bound = full_r ? 1e-2 : 1.0;
+	double bound = full_r ? 1e-3 : 1.0;
 	cr_assert(err < bound, "seed=%llu d=%u %s: rel err %.3g >= %g",
 		  (unsigned long long)seed, d, full_r ? "bf16 r=d" : "default", err,
 		  bound);

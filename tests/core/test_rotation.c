@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "helpers.h"
+#include "projection.h"
 
 static const uint32_t dims[3] = {64, 128, 256};
 static const enum mkv_dtype dts[3] = {MKV_DTYPE_F32, MKV_DTYPE_F16, MKV_DTYPE_BF16};
@@ -391,4 +392,68 @@ Test(rotation, strategy_choose_rotation)
 	free(R);
 	free(buf);
 	free(ref);
+}
+
+/*
+ * The stored bf16 rotation R is orthonormal only to ~2^-9, so the encoder
+ * projects with P = (R Rᵀ)⁻¹ R: then the coefficients decode by X' R to
+ * X itself at r = d.  Every stored coefficient is X Pᵀ (computed here in
+ * double by Gauss-Jordan) rounded to bf16: within half an ulp plus the
+ * float product's rounding.  X Rᵀ misses by ~2^-9 ‖x‖ on every channel,
+ * far outside that on the small ones.
+ */
+Test(rotation, projection_inverts_the_stored_rotation)
+{
+	uint64_t seed = th_seed();
+	struct th_rng g;
+	th_rng_init(&g, seed);
+	for (int di = 0; di < 3; di++)
+		for (uint32_t drop = 0; drop < 2; drop++) {
+			uint32_t d = dims[di], dk = drop ? d - d / 4 : d;
+			size_t n = 300;
+			void *buf = th_alloc(n * d * 4);
+			double *x = th_alloc(n * d * sizeof *x);
+			make_data(&g, d, n, MKV_DTYPE_F32, buf, x);
+			struct mkv_encode_opts o;
+			cr_assert_eq(mkv_encode_opts_init(&o, sizeof o), 0);
+			o.d = d;
+			o.drop = drop;
+			o.r = dk;
+			o.g = 1;
+			struct mkv_segment *s = NULL;
+			cr_assert_eq(mkv_segment_encode(&o, buf, MKV_DTYPE_F32, n, &s), 0);
+			float *Rf = th_alloc((size_t)dk * d * sizeof *Rf);
+			cr_assert_eq(mkv_segment_rotation(s, Rf), 0);
+			double *R = th_alloc((size_t)dk * d * sizeof *R);
+			double *P = th_alloc((size_t)dk * d * sizeof *P);
+			for (size_t i = 0; i < (size_t)dk * d; i++)
+				R[i] = Rf[i];
+			th_projection(R, dk, d, P);
+			float *c = th_alloc(n * dk * sizeof *c);
+			cr_assert_eq(mkv_segment_decode(s, 0, n, MKV_SPACE_ROTATED, c), 0);
+			for (size_t i = 0; i < n; i++) {
+				const double *xi = x + i * d;
+				double nx = 0;
+				for (uint32_t t = 0; t < d; t++)
+					nx += xi[t] * xi[t];
+				nx = sqrt(nx);
+				for (uint32_t a = 0; a < dk; a++) {
+					double want = 0;
+					for (uint32_t t = 0; t < d; t++)
+						want += P[(size_t)a * d + t] * xi[t];
+					double got = c[i * dk + a];
+					cr_assert(fabs(got - want) <= 0x1p-8 * fabs(want) + 1e-6 * nx,
+						  "seed=%llu d=%u drop=%u: row %zu coefficient %u = %.9g, "
+						  "want %.9g (|x| %.4g)",
+						  (unsigned long long)seed, d, drop, i, a, got, want, nx);
+				}
+			}
+			free(c);
+			free(P);
+			free(R);
+			free(Rf);
+			mkv_segment_destroy(s);
+			free(x);
+			free(buf);
+		}
 }

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Per-vector selection keeps exactly the r values (r/g groups) of largest
- * magnitude (group energy) of the rotated vector X' = X Rᵀ, which is
- * computed here in double from mkv_segment_rotation(); the global mask keeps
+ * magnitude (group energy) of the rotated vector X' = X Pᵀ, P = (R Rᵀ)⁻¹ R,
+ * which is computed here in double from mkv_segment_rotation(); the global mask keeps
  * the r/g groups of largest total energy.  Bitmaps carry r/g bits.
  */
 #include <criterion/criterion.h>
@@ -11,14 +11,22 @@
 #include <string.h>
 
 #include "helpers.h"
+#include "projection.h"
 
 static const uint32_t dims[3] = {64, 128, 256};
 static const uint32_t groups[4] = {1, 2, 4, 8};
 
 /* X' = X Rᵀ: n × dk doubles from n × d doubles and dk × d floats. */
-static void rotate_rows(const double *x, size_t n, uint32_t d, const float *R,
+/* The encoder's coefficients: X Pᵀ with P the projection of R. */
+static void rotate_rows(const double *x, size_t n, uint32_t d, const float *Rf,
 			uint32_t dk, double *xr)
 {
+	double *Rd = th_alloc((size_t)dk * d * sizeof *Rd);
+	double *R = th_alloc((size_t)dk * d * sizeof *R);
+	for (size_t i = 0; i < (size_t)dk * d; i++)
+		Rd[i] = Rf[i];
+	th_projection(Rd, dk, d, R);
+	free(Rd);
 	for (size_t i = 0; i < n; i++)
 		for (uint32_t a = 0; a < dk; a++) {
 			double acc = 0;
@@ -26,6 +34,7 @@ static void rotate_rows(const double *x, size_t n, uint32_t d, const float *R,
 				acc += x[i * d + c] * R[(size_t)a * d + c];
 			xr[i * dk + a] = acc;
 		}
+	free(R);
 }
 
 struct sel_case {
