@@ -73,7 +73,11 @@ struct gpu_seg {
 	uint32_t v_dk, v_r, v_g, v_rs, v_bw;
 	uint32_t block0; /* its first block's index among the head's blocks */
 	uint32_t k_vb, v_vb; /* value bits of each half: 0 (bf16) or 4..8 */
-	uint32_t pad_;
+	/* Update buffers: the bf16 correction C = P − R of each half lies
+	 * rot_dl 16-bit units past its rotation (dk × d), P = (R Rᵀ)⁻¹ R the
+	 * encoder's projection (mosaickv/linalg.c), and appends rotate by
+	 * R + C.  0: none (closed segments, which are never appended to). */
+	uint32_t rot_dl;
 };
 
 /* One (sequence, KV head) context: history segments, an optional update
@@ -249,8 +253,9 @@ GPU_HIDDEN int gpu_seg_upload(const struct mkv_packed_view *k,
 /* --- Sequence images (seqbuf.cu) --------------------------------------- */
 
 /* Device bytes of a K/V pair in the layout above with room for @cap >= n
- * tokens (an update buffer that gpu_append grows in place; cap = n for a
- * closed segment).  0 when the views cannot be laid out (as gpu_seg_bytes,
+ * tokens (an update buffer that gpu_append grows in place, with room for
+ * the rotations' corrections: gpu_seg_image_proj; cap = n for a closed
+ * segment).  0 when the views cannot be laid out (as gpu_seg_bytes,
  * or different b, or n > cap). */
 GPU_HIDDEN size_t gpu_seg_cap_bytes(const struct mkv_packed_view *k,
 				    const struct mkv_packed_view *v, uint32_t cap);
@@ -268,6 +273,20 @@ GPU_HIDDEN size_t gpu_seg_cap_bytes(const struct mkv_packed_view *k,
 GPU_HIDDEN int gpu_seg_image(const struct mkv_packed_view *k,
 			     const struct mkv_packed_view *v, uint32_t cap, void *img,
 			     const void *dev, struct gpu_seg *out);
+/*
+ * As gpu_seg_image, for an update buffer (cap > n) that gpu_append fills:
+ * @kP / @vP (d_keep × d floats each, or both NULL) are the projections the
+ * CPU encoder uses for the halves' rotations (struct mkv_segment's
+ * proj_f32), and the image carries bf16(P − R) behind each rotation
+ * (out->rot_dl), so that appended rows match rows the CPU appends.  With
+ * cap == n, or NULL projections, out->rot_dl = 0 and appends rotate by R.
+ * Returns 0 or -EINVAL (also: one projection NULL, the other not, or a
+ * non-finite one).
+ */
+GPU_HIDDEN int gpu_seg_image_proj(const struct mkv_packed_view *k,
+				  const struct mkv_packed_view *v, const float *kP,
+				  const float *vP, uint32_t cap, void *img, const void *dev,
+				  struct gpu_seg *out);
 
 /* --- Update buffer and prefill encoding --------------------------------- */
 

@@ -15,6 +15,7 @@
 struct pack_job {
 	const uint16_t *x; /* ntok × d bf16 */
 	const uint16_t *R; /* dk × d bf16 */
+	const uint16_t *C; /* append: bf16 P − R (dk × d) added to R, or NULL */
 	uint16_t *val;     /* segment values (token 0): rows of rs 16-bit units */
 	uint32_t *bm;      /* segment bitmaps (token 0) */
 	uint16_t *smin, *smax; /* NULL for values */
@@ -167,6 +168,18 @@ __global__ void __launch_bounds__(128) k_pack(const struct pack_job *jobs, uint3
 #pragma unroll
 				for (int e = 0; e < 8; e++)
 					s = fmaf(rv[e], xsh[w][j8 * 8 + e], s);
+			}
+			if (J.C) { /* x Pᵀ = x Rᵀ + x Cᵀ: the CPU encoder's projection */
+				const uint4 *crow = (const uint4 *)(J.C + (size_t)c * d);
+				float sc = 0.0f;
+				for (uint32_t j8 = 0; j8 < d / 8; j8++) {
+					float cv[8];
+					unpack8(__ldg(crow + j8), cv);
+#pragma unroll
+					for (int e = 0; e < 8; e++)
+						sc = fmaf(cv[e], xsh[w][j8 * 8 + e], sc);
+				}
+				s += sc;
 			}
 		}
 		xr[k] = s;
@@ -367,6 +380,7 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	struct pack_job k, v;
 	k.x = kn + (size_t)i * n_new * d;
 	k.R = B.k_rot;
+	k.C = B.rot_dl ? B.k_rot + B.rot_dl : NULL;
 	k.val = (uint16_t *)B.k_val;
 	k.bm = (uint32_t *)B.k_bm;
 	k.smin = (uint16_t *)B.s_min;
@@ -390,6 +404,7 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	v = k;
 	v.x = vn + (size_t)i * n_new * d;
 	v.R = B.v_rot;
+	v.C = B.rot_dl ? B.v_rot + B.rot_dl : NULL;
 	v.val = (uint16_t *)B.v_val;
 	v.bm = (uint32_t *)B.v_bm;
 	v.smin = v.smax = NULL;
@@ -457,6 +472,10 @@ struct gpu_encoder {
 	float *eigv;   /* nmat × d eigenvalues */
 	struct pack_job *jobs; /* device, nmat */
 	uint16_t *rot; /* nmat × d × d bf16 staging of the rounded rotations */
+	/* The projection's correction C = (I − R Rᵀ) R of each rounded R
+	 * (nmat × d × d each): R in float, R Rᵀ, C in float, C in bf16. */
+	float *rf, *gm, *cf;
+	uint16_t *cb;
 	float *xr;     /* rotated vectors, nmat × n × d_keep */
 	size_t xr_bytes;
 	float *rest;   /* keys' remainder norms, nmat / 2 × n */
@@ -484,6 +503,10 @@ int gpu_encoder_create(uint32_t d, uint32_t nmat, struct gpu_encoder **out)
 	    (ce = cudaMalloc(&e->eigv, sizeof(float) * d * nmat)) != cudaSuccess ||
 	    (ce = cudaMalloc(&e->jobs, sizeof(struct pack_job) * nmat)) != cudaSuccess ||
 	    (ce = cudaMalloc(&e->rot, (size_t)2 * d * d * nmat)) != cudaSuccess ||
+	    (ce = cudaMalloc(&e->rf, sizeof(float) * d * d * nmat)) != cudaSuccess ||
+	    (ce = cudaMalloc(&e->gm, sizeof(float) * d * d * nmat)) != cudaSuccess ||
+	    (ce = cudaMalloc(&e->cf, sizeof(float) * d * d * nmat)) != cudaSuccess ||
+	    (ce = cudaMalloc(&e->cb, (size_t)2 * d * d * nmat)) != cudaSuccess ||
 	    (ce = cudaMalloc(&tmp, sizeof(float) * d * d * nmat)) != cudaSuccess) {
 		rc = gpu_errno(ce);
 		goto fail;
@@ -543,6 +566,10 @@ void gpu_encoder_destroy(struct gpu_encoder *e)
 	cudaFree(e->eigv);
 	cudaFree(e->jobs);
 	cudaFree(e->rot);
+	cudaFree(e->rf);
+	cudaFree(e->gm);
+	cudaFree(e->cf);
+	cudaFree(e->cb);
 	cudaFree(e->xr);
 	cudaFree(e->rest);
 	free(e);
@@ -603,16 +630,54 @@ int gpu_encode_eig(struct gpu_encoder *e, float *cov, uint32_t nmat, float *R, c
 	return 0;
 }
 
-/* Round the first dk rows of R (float) to bf16 into rot and stage. */
-__global__ void k_rot_bf16(const float *R, uint16_t *rot, uint16_t *stage, uint32_t dk,
-			   uint32_t d)
+/* Round the first dk rows of R (float) to bf16 into rot and stage, and
+ * the rounded values as floats into rf and cf. */
+__global__ void k_rot_bf16(const float *R, uint16_t *rot, uint16_t *stage, float *rf,
+			   float *cf, uint32_t dk, uint32_t d)
 {
 	uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
 	if (i < dk * d) {
 		uint16_t v = f2bf_rn(R[i]);
 		rot[i] = v;
 		stage[i] = v;
+		rf[i] = cf[i] = bf1(v);
 	}
+}
+
+__global__ void k_f2bf(const float *x, uint16_t *y, size_t n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n)
+		y[i] = f2bf_rn(x[i]);
+}
+
+/*
+ * The CPU encoder projects with P = (R Rᵀ)⁻¹ R of the rounded R (linalg.c)
+ * so that X' R gives X back at r = d.  Here P = R + C to first order,
+ * C = (I − R Rᵀ) R: R Rᵀ − I is ~2^-9, so the second order is ~2^-18 of
+ * x, and C (~2^-9 of R) in bf16 carries P to ~2^-17.  @e->cf holds R on
+ * entry; fp32 products (no TF32: the difference cancels 9 bits).
+ */
+static int enc_correction(struct gpu_encoder *e, uint32_t nmat, uint32_t dk, uint32_t d,
+			  cudaStream_t s)
+{
+	float one = 1.0f, zero = 0.0f, mone = -1.0f;
+	long long sr = (long long)dk * d, sg = (long long)dk * dk;
+	/* row-major R (dk × d) is column-major A = Rᵀ (d × dk): G = Aᵀ A */
+	cublasStatus_t st = cublasSgemmStridedBatched(
+		e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)dk, (int)dk, (int)d, &one, e->rf,
+		(int)d, sr, e->rf, (int)d, sr, &zero, e->gm, (int)dk, sg, (int)nmat);
+	/* Cᵀ = A − A G (G symmetric): column-major d × dk, row-major C */
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasSgemmStridedBatched(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)d, (int)dk,
+					       (int)dk, &mone, e->rf, (int)d, sr, e->gm, (int)dk,
+					       sg, &one, e->cf, (int)d, sr, (int)nmat);
+	if (st != CUBLAS_STATUS_SUCCESS)
+		return st == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
+	size_t m = (size_t)nmat * dk * d;
+	k_f2bf<<<(unsigned)((m + 255) / 256), 256, 0, s>>>(e->cf, e->cb, m);
+	GPU_CKL();
+	return 0;
 }
 
 struct enc_plan {
@@ -690,8 +755,10 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		char *base = (char *)a->dev + (m / 2) * p.per_pair;
 		int key = (m % 2) == 0;
 		uint16_t *rot = (uint16_t *)(base + (key ? p.k_rot : p.v_rot));
+		size_t mo = (size_t)m * dk * d;
 		k_rot_bf16<<<(dk * d + 255) / 256, 256, 0, s>>>(a->R + (size_t)m * d * d, rot,
-								e->rot + (size_t)m * dk * d, dk, d);
+								e->rot + mo, e->rf + mo,
+								e->cf + mo, dk, d);
 		cudaError_t ce = cudaGetLastError();
 		if (ce != cudaSuccess) {
 			free(hj);
@@ -751,12 +818,21 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		free(hj);
 		return -EIO;
 	}
+	int rc = enc_correction(e, a->nmat, dk, d, s);
+	if (rc) {
+		free(hj);
+		return rc;
+	}
+	/* then x' += x Cᵀ the same way: x' = x Pᵀ */
 	float one = 1.0f, zero = 0.0f;
-	cublasStatus_t bs = cublasGemmStridedBatchedEx(
-		e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)dk, (int)a->n, (int)d, &one, e->rot,
-		CUDA_R_16BF, (int)d, (long long)dk * d, a->x, CUDA_R_16BF, (int)d,
-		(long long)a->n * d, &zero, e->xr, CUDA_R_32F, (int)dk, (long long)a->n * dk,
-		(int)a->nmat, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
+	for (int pass = 0; pass < 2 && bs == CUBLAS_STATUS_SUCCESS; pass++)
+		bs = cublasGemmStridedBatchedEx(
+			e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)dk, (int)a->n, (int)d, &one,
+			pass ? e->cb : e->rot, CUDA_R_16BF, (int)d, (long long)dk * d, a->x,
+			CUDA_R_16BF, (int)d, (long long)a->n * d, pass ? &one : &zero, e->xr,
+			CUDA_R_32F, (int)dk, (long long)a->n * dk, (int)a->nmat,
+			CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 	if (bs != CUBLAS_STATUS_SUCCESS) {
 		free(hj);
 		return bs == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;

@@ -8,6 +8,7 @@
  * CUDA, so a worker thread can build images while the decode thread's
  * stream runs.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common.cuh"
@@ -16,6 +17,7 @@ struct cap_plan {
 	size_t k_val, k_bm, k_rot, s_min, s_max, s_rest, v_val, v_bm, v_rot, total;
 	uint32_t k_rs, k_bw, v_rs, v_bw, cap_blocks;
 	uint32_t k_rb, v_rb; /* host row bytes */
+	uint32_t rot_dl;     /* buffers (cap > n): corrections' distance */
 };
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -61,13 +63,18 @@ static int cap_plan(const struct mkv_packed_view *k, const struct mkv_packed_vie
 	p->k_bw = (k->bitmap_bytes + 3) / 4;
 	p->v_bw = (v->bitmap_bytes + 3) / 4;
 	p->cap_blocks = (cap + k->b - 1) / k->b;
+	/* A buffer's rotation regions hold R then, d × d units on, C = P − R
+	 * (d × d units: a multiple of 256 bytes at d = 64, 128). */
+	p->rot_dl = cap > k->n ? k->d * k->d : 0;
+	size_t rot_k = p->rot_dl ? (size_t)4 * k->d * k->d : (size_t)k->d_keep * k->d * 2;
+	size_t rot_v = p->rot_dl ? (size_t)4 * v->d * v->d : (size_t)v->d_keep * v->d * 2;
 	size_t n = cap, off = 0, S = k->summary_channels;
 	p->k_val = off;
 	off += al256(n * p->k_rs * 2 + 16); /* + slack: see gpu.cuh */
 	p->k_bm = off;
 	off += al256(n * p->k_bw * 4);
 	p->k_rot = off;
-	off += al256((size_t)k->d_keep * k->d * 2);
+	off += al256(rot_k);
 	p->s_min = off;
 	off += al256((size_t)p->cap_blocks * S * 2);
 	p->s_max = off;
@@ -79,7 +86,7 @@ static int cap_plan(const struct mkv_packed_view *k, const struct mkv_packed_vie
 	p->v_bm = off;
 	off += al256(n * p->v_bw * 4);
 	p->v_rot = off;
-	off += al256((size_t)v->d_keep * v->d * 2);
+	off += al256(rot_v);
 	p->total = off;
 	return 0;
 }
@@ -114,12 +121,55 @@ static void img_bms(char *dst, const struct mkv_packed_view *x, uint32_t bw)
 		memcpy(dst + i * bw * 4, x->bitmaps + i * x->bitmap_bytes, x->bitmap_bytes);
 }
 
+/* bf16 of a finite float, to nearest even (the device's f2bf_rn). */
+static uint16_t host_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+static float host_f32(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* bf16(P − R) for the bf16 rotation @rot (dk × d) into @dst. */
+static void img_corr(uint16_t *dst, const uint16_t *rot, const float *P, size_t m)
+{
+	for (size_t i = 0; i < m; i++)
+		dst[i] = host_bf16(P[i] - host_f32(rot[i]));
+}
+
+static bool all_finite(const float *x, size_t m)
+{
+	for (size_t i = 0; i < m; i++)
+		if (!isfinite(x[i]))
+			return false;
+	return true;
+}
+
 int gpu_seg_image(const struct mkv_packed_view *k, const struct mkv_packed_view *v,
 		  uint32_t cap, void *img, const void *dev, struct gpu_seg *out)
 {
+	return gpu_seg_image_proj(k, v, NULL, NULL, cap, img, dev, out);
+}
+
+int gpu_seg_image_proj(const struct mkv_packed_view *k, const struct mkv_packed_view *v,
+		       const float *kP, const float *vP, uint32_t cap, void *img,
+		       const void *dev, struct gpu_seg *out)
+{
 	struct cap_plan p;
-	if (!dev || !out || cap_plan(k, v, cap, &p))
+	if (!dev || !out || cap_plan(k, v, cap, &p) || !kP != !vP)
 		return -EINVAL;
+	if (kP && (!all_finite(kP, (size_t)k->d_keep * k->d) ||
+		   !all_finite(vP, (size_t)v->d_keep * v->d)))
+		return -EINVAL;
+	uint32_t rot_dl = kP ? p.rot_dl : 0;
 	if (k->n && (!k->values || !k->bitmaps || !v->values || !v->bitmaps ||
 		     !k->sum_min || !k->sum_max))
 		return -EINVAL;
@@ -139,6 +189,12 @@ int gpu_seg_image(const struct mkv_packed_view *k, const struct mkv_packed_view 
 		}
 		memcpy(h + p.k_rot, k->rotation, (size_t)k->d_keep * k->d * 2);
 		memcpy(h + p.v_rot, v->rotation, (size_t)v->d_keep * v->d * 2);
+		if (rot_dl) {
+			img_corr((uint16_t *)(h + p.k_rot) + rot_dl, (const uint16_t *)k->rotation,
+				 kP, (size_t)k->d_keep * k->d);
+			img_corr((uint16_t *)(h + p.v_rot) + rot_dl, (const uint16_t *)v->rotation,
+				 vP, (size_t)v->d_keep * v->d);
+		}
 	}
 	const char *d = (const char *)dev;
 	memset(out, 0, sizeof *out);
@@ -168,5 +224,6 @@ int gpu_seg_image(const struct mkv_packed_view *k, const struct mkv_packed_view 
 	out->block0 = 0;
 	out->k_vb = k->value_bits;
 	out->v_vb = v->value_bits;
+	out->rot_dl = rot_dl;
 	return 0;
 }

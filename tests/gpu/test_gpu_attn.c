@@ -981,8 +981,9 @@ Test(gpu, packed_lossless_equals_dense)
 		struct mkv_dense_kv all = {c[h].k, c[h].v, MKV_DTYPE_BF16, c[h].ntot};
 		cr_assert_eq(mkv_attend_dense(&ao, r.q + (size_t)h * nq * d, &all, ref), 0);
 		double e = gu_rel_err(r.out + (size_t)h * nq * d, ref, (size_t)nq * d);
-		/* bf16 rotation and rotated values: a few bf16 ulps */
-		cr_assert(e < 2e-3, "seed %llu head %u: rel err %g", (unsigned long long)seed, h, e);
+		/* the rotated values' bf16 rounding only (the encoder inverts
+		 * the rounded rotation): ~1.5e-4, against the issue's 2e-3 */
+		cr_assert(e < 1e-3, "seed %llu head %u: rel err %g", (unsigned long long)seed, h, e);
 	}
 	run_free(&r);
 	for (uint32_t h = 0; h < H; h++)

@@ -8,12 +8,14 @@
  * inputs every run; skips without a usable GPU.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
 
 #include "gpu_util.h"
+#include "../core/projection.h"
 
 static void enc_opts(struct mkv_encode_opts *o, uint32_t d, uint32_t r, uint32_t g,
 		     uint32_t b, uint32_t drop)
@@ -148,8 +150,31 @@ static void compare_half(const char *what, uint64_t seed, const struct mkv_packe
 	free(bm);
 }
 
+/* The encoder's projection of @s's rotation (th_projection, in double),
+ * as floats: what a growable segment holds in proj_f32. */
+static float *proj_of(const struct mkv_segment *s)
+{
+	struct mkv_packed_view v;
+	cr_assert_eq(mkv_segment_view(s, &v), 0);
+	size_t m = (size_t)v.d_keep * v.d;
+	float *Rf = malloc(m * sizeof *Rf), *P = malloc(m * sizeof *P);
+	double *R = malloc(m * sizeof *R), *Pd = malloc(m * sizeof *Pd);
+	cr_assert(Rf && P && R && Pd);
+	cr_assert_eq(mkv_segment_rotation(s, Rf), 0);
+	for (size_t i = 0; i < m; i++)
+		R[i] = Rf[i];
+	th_projection(R, v.d_keep, v.d, Pd);
+	for (size_t i = 0; i < m; i++)
+		P[i] = (float)Pd[i];
+	free(Rf);
+	free(R);
+	free(Pd);
+	return P;
+}
+
 /* A device update buffer of capacity @cap with the rotations (and value
- * bits) of @ks/@vs: gpu_seg_image of an empty pair, as seqgpu.c makes it. */
+ * bits) of @ks/@vs and the corrections of their projections:
+ * gpu_seg_image_proj of an empty pair, as seqgpu.c makes it. */
 struct dbuf {
 	struct gpu_seg seg; /* host copy of the descriptor */
 	struct gpu_seg *dseg;
@@ -170,7 +195,11 @@ static void dbuf_init(struct dbuf *b, const struct mkv_segment *ks,
 	cr_assert(bytes > 0);
 	b->mem = gu_dev(bytes);
 	void *img = malloc(bytes);
-	cr_assert_eq(gpu_seg_image(&kv, &vv, cap, img, b->mem, &b->seg), 0);
+	float *kP = proj_of(ks), *vP = proj_of(vs);
+	cr_assert_eq(gpu_seg_image_proj(&kv, &vv, kP, vP, cap, img, b->mem, &b->seg), 0);
+	cr_assert_eq(b->seg.rot_dl, kv.d * kv.d);
+	free(kP);
+	free(vP);
 	/* poison the image's empty rows: the append must write whole rows */
 	memset((char *)img + ((const char *)b->seg.k_val - (const char *)b->mem), 0x5a,
 	       (size_t)cap * b->seg.k_rs * 2);
@@ -518,3 +547,191 @@ static void check_encode(uint32_t vb)
 
 Test(gpu, encode_prefill) { check_encode(0); }
 Test(gpu, encode_prefill_q6) { check_encode(6); }
+
+/*
+ * Host only (runs without a GPU): an update buffer's image carries, rot_dl
+ * units behind each rotation, bf16(P − R) with P the projection computed
+ * here (Gauss-Jordan, tests/core/projection.c), to within the bf16
+ * rounding of the difference; closed images (cap = n) and images without
+ * projections carry none (rot_dl = 0), and a projection for one half only
+ * is refused.
+ */
+Test(gpu, buffer_image_carries_correction)
+{
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const uint32_t dims[2] = {64, 128};
+	for (int di = 0; di < 2; di++)
+		for (uint32_t drop = 0; drop < 2; drop++) {
+			uint32_t d = dims[di];
+			struct mkv_encode_opts eo;
+			enc_opts(&eo, d, d / 4, 1, 16, drop);
+			size_t len = 300;
+			uint16_t *x = malloc(len * d * 2), *y = malloc(len * d * 2);
+			cr_assert(x && y);
+			gu_fill_kv(&rng, x, len, d);
+			gu_fill_kv(&rng, y, len, d);
+			struct mkv_segment *ks, *vs;
+			eo.kind = MKV_KIND_KEY;
+			cr_assert_eq(mkv_segment_encode(&eo, x, MKV_DTYPE_BF16, len, &ks), 0);
+			eo.kind = MKV_KIND_VALUE;
+			eo.summary_channels = 0;
+			cr_assert_eq(mkv_segment_encode(&eo, y, MKV_DTYPE_BF16, len, &vs), 0);
+			struct mkv_packed_view kv, vv;
+			cr_assert_eq(mkv_segment_view(ks, &kv), 0);
+			cr_assert_eq(mkv_segment_view(vs, &vv), 0);
+			uint32_t cap = (uint32_t)len + 64;
+			size_t bytes = gpu_seg_cap_bytes(&kv, &vv, cap);
+			cr_assert(bytes > 0);
+			char *img = malloc(bytes);
+			const char *dev = (const char *)(uintptr_t)4096;
+			float *kP = proj_of(ks), *vP = proj_of(vs);
+			struct gpu_seg sg;
+			cr_assert_eq(gpu_seg_image_proj(&kv, &vv, kP, NULL, cap, img, dev, &sg),
+				     -EINVAL);
+			cr_assert_eq(gpu_seg_image_proj(&kv, &vv, kP, vP, cap, img, dev, &sg), 0);
+			cr_assert_eq(sg.rot_dl, d * d);
+			for (int half = 0; half < 2; half++) {
+				const struct mkv_packed_view *hv = half ? &vv : &kv;
+				const float *P = half ? vP : kP;
+				const uint16_t *rot = half ? sg.v_rot : sg.k_rot;
+				const uint16_t *hr = (const uint16_t *)(img + ((const char *)rot - dev));
+				const uint16_t *hc = hr + sg.rot_dl;
+				size_t m = (size_t)hv->d_keep * d, big = 0;
+				cr_assert(memcmp(hr, hv->rotation, m * 2) == 0);
+				for (size_t i = 0; i < m; i++) {
+					double want = (double)P[i] - gu_f32(hr[i]);
+					double got = gu_f32(hc[i]);
+					cr_assert(fabs(got - want) <= 0x1p-8 * fabs(want) + 1e-12,
+						  "seed %llu d=%u drop=%u half %d: C[%zu] = %g, want %g",
+						  (unsigned long long)seed, d, drop, half, i, got, want);
+					big += fabs(want) > 1e-5;
+				}
+				/* the rounded rotation does need it */
+				cr_assert(big > m / 4, "seed %llu: only %zu of %zu corrections",
+					  (unsigned long long)seed, big, m);
+			}
+			cr_assert_eq(gpu_seg_image(&kv, &vv, cap, img, dev, &sg), 0);
+			cr_assert_eq(sg.rot_dl, 0);
+			cr_assert_eq(gpu_seg_image_proj(&kv, &vv, kP, vP, (uint32_t)len, NULL, dev, &sg), 0);
+			cr_assert_eq(sg.rot_dl, 0);
+			free(kP);
+			free(vP);
+			free(img);
+			mkv_segment_destroy(ks);
+			mkv_segment_destroy(vs);
+			free(x);
+			free(y);
+		}
+}
+
+/*
+ * Packed rows that keep every channel (r = d_keep = d, g = 1, bf16: row t
+ * is x_t's coefficients in channel order) hold x_t Pᵀ, P = (R Rᵀ)⁻¹ R of
+ * the stored rotation @drot (th_projection, double), to the bf16 rounding
+ * of each coefficient plus fp32 sums.  x_t Rᵀ misses by ~1e-4 |x|.
+ */
+static void check_coeffs(const char *what, uint64_t seed, const uint16_t *dval, uint32_t rs,
+			 const uint16_t *drot, uint32_t d, const uint16_t *x, uint32_t n)
+{
+	uint16_t *val = fetch(dval, (size_t)n * rs * 2);
+	uint16_t *rot = fetch(drot, (size_t)d * d * 2);
+	double *R = malloc(sizeof(double) * d * d), *P = malloc(sizeof(double) * d * d);
+	cr_assert(R && P);
+	for (size_t i = 0; i < (size_t)d * d; i++)
+		R[i] = gu_f32(rot[i]);
+	th_projection(R, d, d, P);
+	for (uint32_t t = 0; t < n; t++) {
+		double nx = 0;
+		for (uint32_t c = 0; c < d; c++)
+			nx += (double)gu_f32(x[(size_t)t * d + c]) * gu_f32(x[(size_t)t * d + c]);
+		nx = sqrt(nx);
+		for (uint32_t a = 0; a < d; a++) {
+			double want = 0;
+			for (uint32_t c = 0; c < d; c++)
+				want += P[(size_t)a * d + c] * gu_f32(x[(size_t)t * d + c]);
+			double got = gu_f32(val[(size_t)t * rs + a]);
+			cr_assert(fabs(got - want) <= 0x1p-8 * fabs(want) + 5e-6 * nx,
+				  "seed %llu %s: token %u coefficient %u = %.9g, want %.9g (|x| %g)",
+				  (unsigned long long)seed, what, t, a, got, want, nx);
+		}
+	}
+	free(R);
+	free(P);
+	free(val);
+	free(rot);
+}
+
+/* Prefill at r = d: the coefficients invert the rounded rotation. */
+Test(gpu, encode_prefill_inverts_rotation)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const uint32_t d = 128, nmat = 2, n = 700;
+	uint16_t *x = malloc((size_t)nmat * n * d * 2);
+	gu_fill_kv(&rng, x, (size_t)nmat * n, d);
+	void *dx = gu_upload(x, (size_t)nmat * n * d * 2);
+	struct gpu_encoder *enc;
+	cr_assert_eq(gpu_encoder_create(d, nmat, &enc), 0);
+	float *dcov = gu_dev((size_t)nmat * d * d * 4), *dR = gu_dev((size_t)nmat * d * d * 4);
+	cr_assert_eq(gpu_encode_cov(enc, dx, nmat, n, dcov, 0), 0);
+	cr_assert_eq(gpu_encode_eig(enc, dcov, nmat, dR, 0), 0);
+	struct gpu_encode_args ea;
+	memset(&ea, 0, sizeof ea);
+	ea.nmat = nmat;
+	ea.n = n;
+	ea.d = d;
+	ea.r = d;
+	ea.g = 1;
+	ea.b = 16;
+	ea.S = 32;
+	ea.x = dx;
+	ea.R = dR;
+	ea.dev_bytes = gpu_encode_pack_bytes(&ea);
+	cr_assert(ea.dev_bytes > 0);
+	ea.dev = gu_dev(ea.dev_bytes);
+	struct gpu_seg seg;
+	ea.segs = &seg;
+	cr_assert_eq(gpu_encode_pack(enc, &ea, 0), 0);
+	GU_CK(cudaDeviceSynchronize());
+	cr_assert_eq(seg.k_r, d);
+	check_coeffs("prefill K", seed, seg.k_val, seg.k_rs, seg.k_rot, d, x, n);
+	check_coeffs("prefill V", seed, seg.v_val, seg.v_rs, seg.v_rot, d, x + (size_t)n * d, n);
+	gpu_encoder_destroy(enc);
+	cudaFree(dx);
+	cudaFree(dcov);
+	cudaFree(dR);
+	cudaFree(ea.dev);
+	free(x);
+}
+
+/* Appends at r = d: the buffer's correction makes them invert the
+ * rotation as the CPU's appends do. */
+Test(gpu, append_inverts_rotation)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const uint32_t d = 128, n = 90, cap = 128;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, d, 1, 16, 0);
+	struct gu_ctx c;
+	size_t len = 1000;
+	gu_ctx_build(&c, &rng, d, 1, &len, 0, &eo);
+	uint16_t *k = malloc((size_t)n * d * 2), *v = malloc((size_t)n * d * 2);
+	gu_fill_kv(&rng, k, n, d);
+	gu_fill_kv(&rng, v, n, d);
+	struct dbuf buf;
+	dbuf_init(&buf, c.ks[0], c.vs[0], cap);
+	append(&buf, k, v, n, d, NULL);
+	check_coeffs("append K", seed, buf.seg.k_val, buf.seg.k_rs, buf.seg.k_rot, d, k, n);
+	check_coeffs("append V", seed, buf.seg.v_val, buf.seg.v_rs, buf.seg.v_rot, d, v, n);
+	dbuf_free(&buf);
+	gu_ctx_free(&c);
+	free(k);
+	free(v);
+}
