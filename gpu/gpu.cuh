@@ -73,8 +73,8 @@ struct gpu_seg {
 	uint32_t v_dk, v_r, v_g, v_rs, v_bw;
 	uint32_t block0; /* its first block's index among the head's blocks */
 	uint32_t k_vb, v_vb; /* value bits of each half: 0 (bf16) or 4..8 */
-	/* Update buffers: the bf16 correction C = P − R of each half lies
-	 * rot_dl 16-bit units past its rotation (dk × d), P = (R Rᵀ)⁻¹ R the
+	/* Update buffers: the correction C = P − R of each half (fp32, dk ×
+	 * d) lies rot_dl 16-bit units past its rotation, P = (R Rᵀ)⁻¹ R the
 	 * encoder's projection (mosaickv/linalg.c), and appends rotate by
 	 * R + C.  0: none (closed segments, which are never appended to). */
 	uint32_t rot_dl;
@@ -277,7 +277,7 @@ GPU_HIDDEN int gpu_seg_image(const struct mkv_packed_view *k,
  * As gpu_seg_image, for an update buffer (cap > n) that gpu_append fills:
  * @kP / @vP (d_keep × d floats each, or both NULL) are the projections the
  * CPU encoder uses for the halves' rotations (struct mkv_segment's
- * proj_f32), and the image carries bf16(P − R) behind each rotation
+ * proj_f32), and the image carries P − R (fp32) behind each rotation
  * (out->rot_dl), so that appended rows match rows the CPU appends.  With
  * cap == n, or NULL projections, out->rot_dl = 0 and appends rotate by R.
  * Returns 0 or -EINVAL (also: one projection NULL, the other not, or a

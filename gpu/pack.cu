@@ -15,7 +15,7 @@
 struct pack_job {
 	const uint16_t *x; /* ntok × d bf16 */
 	const uint16_t *R; /* dk × d bf16 */
-	const uint16_t *C; /* append: bf16 P − R (dk × d) added to R, or NULL */
+	const float *C;    /* append: P − R (dk × d, fp32) added to R, or NULL */
 	uint16_t *val;     /* segment values (token 0): rows of rs 16-bit units */
 	uint32_t *bm;      /* segment bitmaps (token 0) */
 	uint16_t *smin, *smax; /* NULL for values */
@@ -23,6 +23,7 @@ struct pack_job {
 	float *rest;       /* per token of the run: its remainder norm (keys) */
 	float *xs;         /* exact rotated keys: row t at xs + t * xs_ld */
 	const float *xr;   /* prefill: rotated vectors, ntok × dk (k_pack_rot) */
+	const uint16_t *xc; /* prefill: bf16 x Cᵀ to add to xr (same layout), or NULL */
 	uint32_t tok0, ntok, dk, r, g, rs, bw, S, b, xs_ld;
 	uint32_t d, vb;    /* head dim; value bits (0: bf16 rows) */
 };
@@ -170,14 +171,14 @@ __global__ void __launch_bounds__(128) k_pack(const struct pack_job *jobs, uint3
 					s = fmaf(rv[e], xsh[w][j8 * 8 + e], s);
 			}
 			if (J.C) { /* x Pᵀ = x Rᵀ + x Cᵀ: the CPU encoder's projection */
-				const uint4 *crow = (const uint4 *)(J.C + (size_t)c * d);
+				const float4 *crow = (const float4 *)(J.C + (size_t)c * d);
 				float sc = 0.0f;
-				for (uint32_t j8 = 0; j8 < d / 8; j8++) {
-					float cv[8];
-					unpack8(__ldg(crow + j8), cv);
-#pragma unroll
-					for (int e = 0; e < 8; e++)
-						sc = fmaf(cv[e], xsh[w][j8 * 8 + e], sc);
+				for (uint32_t j4 = 0; j4 < d / 4; j4++) {
+					float4 cv = __ldg(crow + j4);
+					sc = fmaf(cv.x, xsh[w][j4 * 4], sc);
+					sc = fmaf(cv.y, xsh[w][j4 * 4 + 1], sc);
+					sc = fmaf(cv.z, xsh[w][j4 * 4 + 2], sc);
+					sc = fmaf(cv.w, xsh[w][j4 * 4 + 3], sc);
 				}
 				s += sc;
 			}
@@ -250,7 +251,10 @@ __global__ void k_summ(const struct pack_job *jobs)
 	for (uint32_t c = threadIdx.x; c < J.S; c += blockDim.x) {
 		float mn = INFINITY, mx = -INFINITY;
 		for (uint32_t t = t0; t < t1; t++) {
-			float v = J.xs[(size_t)(t - J.tok0) * J.xs_ld + c];
+			size_t o = (size_t)(t - J.tok0) * J.xs_ld + c;
+			float v = J.xs[o];
+			if (J.xc) /* the sum k_pack_rot packs */
+				v += bf1(J.xc[o]);
 			mn = fminf(mn, v);
 			mx = fmaxf(mx, v);
 		}
@@ -284,6 +288,7 @@ __global__ void __launch_bounds__(128) k_pack_rot(const struct pack_job *jobs)
 		return; /* warp-uniform */
 	uint32_t dk = J.dk, g = J.g, kg = J.r / g;
 	const float *row = J.xr + (size_t)t * dk;
+	const uint16_t *crow = J.xc ? J.xc + (size_t)t * dk : NULL;
 	float xr[4];
 	uint32_t eb[4];
 	bool lead[4];
@@ -291,6 +296,8 @@ __global__ void __launch_bounds__(128) k_pack_rot(const struct pack_job *jobs)
 	for (int k = 0; k < 4; k++) {
 		uint32_t c = lane + 32 * k;
 		xr[k] = c < dk ? row[c] : 0.0f;
+		if (crow && c < dk)
+			xr[k] += bf1(crow[c]);
 	}
 #pragma unroll
 	for (int k = 0; k < 4; k++) {
@@ -380,7 +387,7 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	struct pack_job k, v;
 	k.x = kn + (size_t)i * n_new * d;
 	k.R = B.k_rot;
-	k.C = B.rot_dl ? B.k_rot + B.rot_dl : NULL;
+	k.C = B.rot_dl ? (const float *)(B.k_rot + B.rot_dl) : NULL;
 	k.val = (uint16_t *)B.k_val;
 	k.bm = (uint32_t *)B.k_bm;
 	k.smin = (uint16_t *)B.s_min;
@@ -399,12 +406,13 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	k.b = B.b;
 	k.xs_ld = B.S;
 	k.xr = NULL;
+	k.xc = NULL;
 	k.d = d;
 	k.vb = B.k_vb;
 	v = k;
 	v.x = vn + (size_t)i * n_new * d;
 	v.R = B.v_rot;
-	v.C = B.rot_dl ? B.v_rot + B.rot_dl : NULL;
+	v.C = B.rot_dl ? (const float *)(B.v_rot + B.rot_dl) : NULL;
 	v.val = (uint16_t *)B.v_val;
 	v.bm = (uint32_t *)B.v_bm;
 	v.smin = v.smax = NULL;
@@ -478,6 +486,8 @@ struct gpu_encoder {
 	uint16_t *cb;
 	float *xr;     /* rotated vectors, nmat × n × d_keep */
 	size_t xr_bytes;
+	uint16_t *xc;  /* their corrections x Cᵀ in bf16, the same layout */
+	size_t xc_bytes;
 	float *rest;   /* keys' remainder norms, nmat / 2 × n */
 	size_t rest_bytes;
 };
@@ -571,6 +581,7 @@ void gpu_encoder_destroy(struct gpu_encoder *e)
 	cudaFree(e->cf);
 	cudaFree(e->cb);
 	cudaFree(e->xr);
+	cudaFree(e->xc);
 	cudaFree(e->rest);
 	free(e);
 }
@@ -740,6 +751,14 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		GPU_CK(cudaMalloc(&e->xr, need));
 		e->xr_bytes = need;
 	}
+	need = (size_t)a->nmat * a->n * dk * 2;
+	if (need > e->xc_bytes) {
+		cudaFree(e->xc);
+		e->xc = NULL;
+		e->xc_bytes = 0;
+		GPU_CK(cudaMalloc(&e->xc, need));
+		e->xc_bytes = need;
+	}
 	need = (size_t)(a->nmat / 2) * a->n * sizeof(float);
 	if (need > e->rest_bytes) {
 		cudaFree(e->rest);
@@ -769,6 +788,7 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		j->x = a->x + (size_t)m * a->n * d;
 		j->R = rot;
 		j->xr = xr;
+		j->xc = e->xc + (size_t)m * a->n * dk;
 		j->val = (uint16_t *)(base + (key ? p.k_val : p.v_val));
 		j->bm = (uint32_t *)(base + (key ? p.k_bm : p.v_bm));
 		j->smin = key ? (uint16_t *)(base + p.s_min) : NULL;
@@ -777,7 +797,7 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		j->rest = key ? e->rest + (size_t)(m / 2) * a->n : NULL;
 		j->d = d;
 		j->vb = a->value_bits;
-		j->xs = key ? xr : NULL; /* summaries straight from x' */
+		j->xs = key ? xr : NULL; /* summaries from x' + x Cᵀ (k_summ) */
 		j->xs_ld = dk;
 		j->tok0 = 0;
 		j->ntok = a->n;
@@ -823,16 +843,21 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		free(hj);
 		return rc;
 	}
-	/* then x' += x Cᵀ the same way: x' = x Pᵀ */
+	/* then x Cᵀ the same way, into bf16 (it is ~2^-9 of x', so bf16 is
+	 * ample, and half the bytes of adding it into x' in fp32 in place);
+	 * the packing adds it: x' + x Cᵀ = x Pᵀ */
 	float one = 1.0f, zero = 0.0f;
-	cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
-	for (int pass = 0; pass < 2 && bs == CUBLAS_STATUS_SUCCESS; pass++)
+	cublasStatus_t bs = cublasGemmStridedBatchedEx(
+		e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)dk, (int)a->n, (int)d, &one, e->rot,
+		CUDA_R_16BF, (int)d, (long long)dk * d, a->x, CUDA_R_16BF, (int)d,
+		(long long)a->n * d, &zero, e->xr, CUDA_R_32F, (int)dk, (long long)a->n * dk,
+		(int)a->nmat, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	if (bs == CUBLAS_STATUS_SUCCESS)
 		bs = cublasGemmStridedBatchedEx(
-			e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)dk, (int)a->n, (int)d, &one,
-			pass ? e->cb : e->rot, CUDA_R_16BF, (int)d, (long long)dk * d, a->x,
-			CUDA_R_16BF, (int)d, (long long)a->n * d, pass ? &one : &zero, e->xr,
-			CUDA_R_32F, (int)dk, (long long)a->n * dk, (int)a->nmat,
-			CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+			e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)dk, (int)a->n, (int)d, &one, e->cb,
+			CUDA_R_16BF, (int)d, (long long)dk * d, a->x, CUDA_R_16BF, (int)d,
+			(long long)a->n * d, &zero, e->xc, CUDA_R_16BF, (int)dk,
+			(long long)a->n * dk, (int)a->nmat, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 	if (bs != CUBLAS_STATUS_SUCCESS) {
 		free(hj);
 		return bs == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;

@@ -63,11 +63,13 @@ static int cap_plan(const struct mkv_packed_view *k, const struct mkv_packed_vie
 	p->k_bw = (k->bitmap_bytes + 3) / 4;
 	p->v_bw = (v->bitmap_bytes + 3) / 4;
 	p->cap_blocks = (cap + k->b - 1) / k->b;
-	/* A buffer's rotation regions hold R then, d × d units on, C = P − R
-	 * (d × d units: a multiple of 256 bytes at d = 64, 128). */
+	/* A buffer's rotation regions hold R (bf16) then, d × d units on,
+	 * C = P − R in fp32 (2d² bytes on: a multiple of 256 at d = 64, 128).
+	 * fp32, not bf16: rows appended here must match the CPU's to float
+	 * rounding, and bf16 C would leave ~2^-18 |x| (tests/gpu). */
 	p->rot_dl = cap > k->n ? k->d * k->d : 0;
-	size_t rot_k = p->rot_dl ? (size_t)4 * k->d * k->d : (size_t)k->d_keep * k->d * 2;
-	size_t rot_v = p->rot_dl ? (size_t)4 * v->d * v->d : (size_t)v->d_keep * v->d * 2;
+	size_t rot_k = p->rot_dl ? (size_t)6 * k->d * k->d : (size_t)k->d_keep * k->d * 2;
+	size_t rot_v = p->rot_dl ? (size_t)6 * v->d * v->d : (size_t)v->d_keep * v->d * 2;
 	size_t n = cap, off = 0, S = k->summary_channels;
 	p->k_val = off;
 	off += al256(n * p->k_rs * 2 + 16); /* + slack: see gpu.cuh */
@@ -121,15 +123,6 @@ static void img_bms(char *dst, const struct mkv_packed_view *x, uint32_t bw)
 		memcpy(dst + i * bw * 4, x->bitmaps + i * x->bitmap_bytes, x->bitmap_bytes);
 }
 
-/* bf16 of a finite float, to nearest even (the device's f2bf_rn). */
-static uint16_t host_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
 static float host_f32(uint16_t h)
 {
 	uint32_t u = (uint32_t)h << 16;
@@ -138,11 +131,12 @@ static float host_f32(uint16_t h)
 	return f;
 }
 
-/* bf16(P − R) for the bf16 rotation @rot (dk × d) into @dst. */
-static void img_corr(uint16_t *dst, const uint16_t *rot, const float *P, size_t m)
+/* P − R for the bf16 rotation @rot (dk × d) into @dst (exact where P and
+ * R are within a factor 2: Sterbenz). */
+static void img_corr(float *dst, const uint16_t *rot, const float *P, size_t m)
 {
 	for (size_t i = 0; i < m; i++)
-		dst[i] = host_bf16(P[i] - host_f32(rot[i]));
+		dst[i] = P[i] - host_f32(rot[i]);
 }
 
 static bool all_finite(const float *x, size_t m)
@@ -190,10 +184,10 @@ int gpu_seg_image_proj(const struct mkv_packed_view *k, const struct mkv_packed_
 		memcpy(h + p.k_rot, k->rotation, (size_t)k->d_keep * k->d * 2);
 		memcpy(h + p.v_rot, v->rotation, (size_t)v->d_keep * v->d * 2);
 		if (rot_dl) {
-			img_corr((uint16_t *)(h + p.k_rot) + rot_dl, (const uint16_t *)k->rotation,
-				 kP, (size_t)k->d_keep * k->d);
-			img_corr((uint16_t *)(h + p.v_rot) + rot_dl, (const uint16_t *)v->rotation,
-				 vP, (size_t)v->d_keep * v->d);
+			img_corr((float *)((uint16_t *)(h + p.k_rot) + rot_dl),
+				 (const uint16_t *)k->rotation, kP, (size_t)k->d_keep * k->d);
+			img_corr((float *)((uint16_t *)(h + p.v_rot) + rot_dl),
+				 (const uint16_t *)v->rotation, vP, (size_t)v->d_keep * v->d);
 		}
 	}
 	const char *d = (const char *)dev;

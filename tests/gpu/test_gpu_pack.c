@@ -550,9 +550,9 @@ Test(gpu, encode_prefill_q6) { check_encode(6); }
 
 /*
  * Host only (runs without a GPU): an update buffer's image carries, rot_dl
- * units behind each rotation, bf16(P − R) with P the projection computed
- * here (Gauss-Jordan, tests/core/projection.c), to within the bf16
- * rounding of the difference; closed images (cap = n) and images without
+ * units behind each rotation, P − R in fp32 with P the projection computed
+ * here (Gauss-Jordan, tests/core/projection.c), to float rounding; closed
+ * images (cap = n) and images without
  * projections carry none (rot_dl = 0), and a projection for one half only
  * is refused.
  */
@@ -597,13 +597,13 @@ Test(gpu, buffer_image_carries_correction)
 				const float *P = half ? vP : kP;
 				const uint16_t *rot = half ? sg.v_rot : sg.k_rot;
 				const uint16_t *hr = (const uint16_t *)(img + ((const char *)rot - dev));
-				const uint16_t *hc = hr + sg.rot_dl;
+				const float *hc = (const float *)(hr + sg.rot_dl);
 				size_t m = (size_t)hv->d_keep * d, big = 0;
 				cr_assert(memcmp(hr, hv->rotation, m * 2) == 0);
 				for (size_t i = 0; i < m; i++) {
 					double want = (double)P[i] - gu_f32(hr[i]);
-					double got = gu_f32(hc[i]);
-					cr_assert(fabs(got - want) <= 0x1p-8 * fabs(want) + 1e-12,
+					double got = hc[i];
+					cr_assert(fabs(got - want) <= 0x1p-23 * fabs(want),
 						  "seed %llu d=%u drop=%u half %d: C[%zu] = %g, want %g",
 						  (unsigned long long)seed, d, drop, half, i, got, want);
 					big += fabs(want) > 1e-5;
@@ -630,10 +630,12 @@ Test(gpu, buffer_image_carries_correction)
  * Packed rows that keep every channel (r = d_keep = d, g = 1, bf16: row t
  * is x_t's coefficients in channel order) hold x_t Pᵀ, P = (R Rᵀ)⁻¹ R of
  * the stored rotation @drot (th_projection, double), to the bf16 rounding
- * of each coefficient plus fp32 sums.  x_t Rᵀ misses by ~1e-4 |x|.
+ * of each coefficient plus @tol |x|.  x_t Rᵀ misses by ~1e-4 |x| (and by
+ * ~1e-3 |x| at worst).
  */
 static void check_coeffs(const char *what, uint64_t seed, const uint16_t *dval, uint32_t rs,
-			 const uint16_t *drot, uint32_t d, const uint16_t *x, uint32_t n)
+			 const uint16_t *drot, uint32_t d, const uint16_t *x, uint32_t n,
+			 double tol)
 {
 	uint16_t *val = fetch(dval, (size_t)n * rs * 2);
 	uint16_t *rot = fetch(drot, (size_t)d * d * 2);
@@ -642,6 +644,7 @@ static void check_coeffs(const char *what, uint64_t seed, const uint16_t *dval, 
 	for (size_t i = 0; i < (size_t)d * d; i++)
 		R[i] = gu_f32(rot[i]);
 	th_projection(R, d, d, P);
+	double worst = 0; /* beyond the coefficient's own rounding, over |x| */
 	for (uint32_t t = 0; t < n; t++) {
 		double nx = 0;
 		for (uint32_t c = 0; c < d; c++)
@@ -652,18 +655,22 @@ static void check_coeffs(const char *what, uint64_t seed, const uint16_t *dval, 
 			for (uint32_t c = 0; c < d; c++)
 				want += P[(size_t)a * d + c] * gu_f32(x[(size_t)t * d + c]);
 			double got = gu_f32(val[(size_t)t * rs + a]);
-			cr_assert(fabs(got - want) <= 0x1p-8 * fabs(want) + 5e-6 * nx,
+			worst = fmax(worst, (fabs(got - want) - 0x1p-9 * fabs(want)) / nx);
+			cr_assert(fabs(got - want) <= 0x1p-8 * fabs(want) + tol * nx,
 				  "seed %llu %s: token %u coefficient %u = %.9g, want %.9g (|x| %g)",
 				  (unsigned long long)seed, what, t, a, got, want, nx);
 		}
 	}
+	cr_log_info("%s: worst %.3g |x| past the bf16 rounding (bound %.3g)\n", what, worst, tol);
 	free(R);
 	free(P);
 	free(val);
 	free(rot);
 }
 
-/* Prefill at r = d: the coefficients invert the rounded rotation. */
+/* Prefill at r = d: the coefficients invert the rounded rotation, to
+ * ~1e-5 |x| (seen: up to 8e-6): the correction is first order, C and
+ * x Cᵀ are bf16 (pack.cu). */
 Test(gpu, encode_prefill_inverts_rotation)
 {
 	GU_NEED_GPU();
@@ -698,8 +705,9 @@ Test(gpu, encode_prefill_inverts_rotation)
 	cr_assert_eq(gpu_encode_pack(enc, &ea, 0), 0);
 	GU_CK(cudaDeviceSynchronize());
 	cr_assert_eq(seg.k_r, d);
-	check_coeffs("prefill K", seed, seg.k_val, seg.k_rs, seg.k_rot, d, x, n);
-	check_coeffs("prefill V", seed, seg.v_val, seg.v_rs, seg.v_rot, d, x + (size_t)n * d, n);
+	check_coeffs("prefill K", seed, seg.k_val, seg.k_rs, seg.k_rot, d, x, n, 2.5e-5);
+	check_coeffs("prefill V", seed, seg.v_val, seg.v_rs, seg.v_rot, d, x + (size_t)n * d, n,
+		     2.5e-5);
 	gpu_encoder_destroy(enc);
 	cudaFree(dx);
 	cudaFree(dcov);
@@ -708,8 +716,8 @@ Test(gpu, encode_prefill_inverts_rotation)
 	free(x);
 }
 
-/* Appends at r = d: the buffer's correction makes them invert the
- * rotation as the CPU's appends do. */
+/* Appends at r = d: the buffer's correction (fp32) makes them invert the
+ * rotation as the CPU's appends do, to fp32 sums. */
 Test(gpu, append_inverts_rotation)
 {
 	GU_NEED_GPU();
@@ -728,8 +736,8 @@ Test(gpu, append_inverts_rotation)
 	struct dbuf buf;
 	dbuf_init(&buf, c.ks[0], c.vs[0], cap);
 	append(&buf, k, v, n, d, NULL);
-	check_coeffs("append K", seed, buf.seg.k_val, buf.seg.k_rs, buf.seg.k_rot, d, k, n);
-	check_coeffs("append V", seed, buf.seg.v_val, buf.seg.v_rs, buf.seg.v_rot, d, v, n);
+	check_coeffs("append K", seed, buf.seg.k_val, buf.seg.k_rs, buf.seg.k_rot, d, k, n, 5e-6);
+	check_coeffs("append V", seed, buf.seg.v_val, buf.seg.v_rs, buf.seg.v_rot, d, v, n, 5e-6);
 	dbuf_free(&buf);
 	gu_ctx_free(&c);
 	free(k);
