@@ -430,6 +430,37 @@ Test(gpu, attention_covers_long_buffer_chunk512)
 	check_covers_buffer(32, 0, 9000, 9216, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512);
 }
 
+/* A prefill's inputs: @nmat random n × d bf16 matrices (host @x, device
+ * @dx), an encoder, and their covariances computed into @dcov (@dR: room
+ * for the rotations). */
+struct pf {
+	uint16_t *x;
+	void *dx;
+	struct gpu_encoder *enc;
+	float *dcov, *dR;
+};
+
+static void pf_init(struct pf *p, struct gu_rng *rng, uint32_t d, uint32_t nmat, uint32_t n)
+{
+	p->x = malloc((size_t)nmat * n * d * 2);
+	cr_assert(p->x);
+	gu_fill_kv(rng, p->x, (size_t)nmat * n, d);
+	p->dx = gu_upload(p->x, (size_t)nmat * n * d * 2);
+	cr_assert_eq(gpu_encoder_create(d, nmat, &p->enc), 0);
+	p->dcov = gu_dev((size_t)nmat * d * d * 4);
+	p->dR = gu_dev((size_t)nmat * d * d * 4);
+	cr_assert_eq(gpu_encode_cov(p->enc, p->dx, nmat, n, p->dcov, 0), 0);
+}
+
+static void pf_free(struct pf *p)
+{
+	gpu_encoder_destroy(p->enc);
+	cudaFree(p->dx);
+	cudaFree(p->dcov);
+	cudaFree(p->dR);
+	free(p->x);
+}
+
 /* Prefill encoding: covariance + cuSOLVER eigenvectors + packing, rows in
  * bf16 (vb 0) or quantized. */
 static void check_encode(uint32_t vb)
@@ -440,13 +471,11 @@ static void check_encode(uint32_t vb)
 	gu_rng_init(&rng, seed);
 	const uint32_t d = 128, nmat = 4, n = 3000, b = 16, dk = 96;
 	const uint32_t r = vb ? 60 : 32, S = vb ? 24 : 32;
-	uint16_t *x = malloc((size_t)nmat * n * d * 2);
-	gu_fill_kv(&rng, x, (size_t)nmat * n, d);
-	void *dx = gu_upload(x, (size_t)nmat * n * d * 2);
-	struct gpu_encoder *enc;
-	cr_assert_eq(gpu_encoder_create(d, nmat, &enc), 0);
-	float *dcov = gu_dev((size_t)nmat * d * d * 4), *dR = gu_dev((size_t)nmat * d * d * 4);
-	cr_assert_eq(gpu_encode_cov(enc, dx, nmat, n, dcov, 0), 0);
+	struct pf pf;
+	pf_init(&pf, &rng, d, nmat, n);
+	const uint16_t *x = pf.x;
+	struct gpu_encoder *enc = pf.enc;
+	float *dcov = pf.dcov, *dR = pf.dR;
 	float *cov = fetch(dcov, (size_t)nmat * d * d * 4);
 	cr_assert_eq(gpu_encode_eig(enc, dcov, nmat, dR, 0), 0);
 	GU_CK(cudaDeviceSynchronize());
@@ -503,7 +532,7 @@ static void check_encode(uint32_t vb)
 	ea.S = S;
 	ea.drop = 1;
 	ea.value_bits = vb;
-	ea.x = dx;
+	ea.x = pf.dx;
 	ea.R = dR;
 	ea.dev_bytes = gpu_encode_pack_bytes(&ea);
 	cr_assert(ea.dev_bytes > 0);
@@ -535,12 +564,8 @@ static void check_encode(uint32_t vb)
 				     NULL, NULL, NULL);
 		mkv_segment_destroy(cs);
 	}
-	gpu_encoder_destroy(enc);
-	cudaFree(dx);
-	cudaFree(dcov);
-	cudaFree(dR);
 	cudaFree(ea.dev);
-	free(x);
+	pf_free(&pf);
 	free(cov);
 	free(R);
 }
@@ -678,14 +703,9 @@ Test(gpu, encode_prefill_inverts_rotation)
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
 	const uint32_t d = 128, nmat = 2, n = 700;
-	uint16_t *x = malloc((size_t)nmat * n * d * 2);
-	gu_fill_kv(&rng, x, (size_t)nmat * n, d);
-	void *dx = gu_upload(x, (size_t)nmat * n * d * 2);
-	struct gpu_encoder *enc;
-	cr_assert_eq(gpu_encoder_create(d, nmat, &enc), 0);
-	float *dcov = gu_dev((size_t)nmat * d * d * 4), *dR = gu_dev((size_t)nmat * d * d * 4);
-	cr_assert_eq(gpu_encode_cov(enc, dx, nmat, n, dcov, 0), 0);
-	cr_assert_eq(gpu_encode_eig(enc, dcov, nmat, dR, 0), 0);
+	struct pf pf;
+	pf_init(&pf, &rng, d, nmat, n);
+	cr_assert_eq(gpu_encode_eig(pf.enc, pf.dcov, nmat, pf.dR, 0), 0);
 	struct gpu_encode_args ea;
 	memset(&ea, 0, sizeof ea);
 	ea.nmat = nmat;
@@ -695,25 +715,21 @@ Test(gpu, encode_prefill_inverts_rotation)
 	ea.g = 1;
 	ea.b = 16;
 	ea.S = 32;
-	ea.x = dx;
-	ea.R = dR;
+	ea.x = pf.dx;
+	ea.R = pf.dR;
 	ea.dev_bytes = gpu_encode_pack_bytes(&ea);
 	cr_assert(ea.dev_bytes > 0);
 	ea.dev = gu_dev(ea.dev_bytes);
 	struct gpu_seg seg;
 	ea.segs = &seg;
-	cr_assert_eq(gpu_encode_pack(enc, &ea, 0), 0);
+	cr_assert_eq(gpu_encode_pack(pf.enc, &ea, 0), 0);
 	GU_CK(cudaDeviceSynchronize());
 	cr_assert_eq(seg.k_r, d);
-	check_coeffs("prefill K", seed, seg.k_val, seg.k_rs, seg.k_rot, d, x, n, 2.5e-5);
-	check_coeffs("prefill V", seed, seg.v_val, seg.v_rs, seg.v_rot, d, x + (size_t)n * d, n,
-		     2.5e-5);
-	gpu_encoder_destroy(enc);
-	cudaFree(dx);
-	cudaFree(dcov);
-	cudaFree(dR);
+	check_coeffs("prefill K", seed, seg.k_val, seg.k_rs, seg.k_rot, d, pf.x, n, 2.5e-5);
+	check_coeffs("prefill V", seed, seg.v_val, seg.v_rs, seg.v_rot, d, pf.x + (size_t)n * d,
+		     n, 2.5e-5);
 	cudaFree(ea.dev);
-	free(x);
+	pf_free(&pf);
 }
 
 /* Appends at r = d: the buffer's correction (fp32) makes them invert the
