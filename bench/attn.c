@@ -381,6 +381,10 @@ static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu
 }
 
 /* ---- update-buffer flush: 64 tokens × 32 layers × 8 KV heads ---- */
+/* Each half's rotation region as gpu_seg_image_proj lays a buffer's out:
+ * R (bf16; D × D units reserved), then the fp32 correction C = P − R
+ * (DK × D floats) rot_dl = D × D units on, which every append reads. */
+#define FLUSH_ROT ((size_t)3 * D * D)
 static double bench_flush(void)
 {
 	const uint32_t layers = 32, nbuf = layers * HKV, nnew = 64, cap = 2048;
@@ -388,9 +392,12 @@ static double bench_flush(void)
 	uint16_t *val = dalloc((size_t)nbuf * 2 * cap * rs * 2);
 	uint32_t *bm = dalloc((size_t)nbuf * 2 * cap * bw * 4);
 	uint16_t *sm = dalloc((size_t)nbuf * 2 * nb * SS * 2);
-	uint16_t *rot = dalloc((size_t)nbuf * 2 * DK * D * 2);
+	uint16_t *rot = dalloc((size_t)nbuf * 2 * FLUSH_ROT * 2);
 	uint16_t *x = dalloc((size_t)nbuf * 2 * nnew * D * 2);
-	RC(gpu_synth_bf16(rot, (size_t)nbuf * 2 * DK * D, 0.09f, 0.0f, 11, st));
+	RC(gpu_synth_bf16(rot, (size_t)nbuf * 2 * FLUSH_ROT, 0.09f, 0.0f, 11, st));
+	/* the corrections: zeros (values do not change the time) */
+	CK(cudaMemset2DAsync(rot + (size_t)D * D, FLUSH_ROT * 2, 0, (size_t)DK * D * 4,
+			     (size_t)nbuf * 2, st));
 	RC(gpu_synth_bf16(x, (size_t)nbuf * 2 * nnew * D, 1.0f, 0.0f, 12, st));
 	struct gpu_seg *segs = calloc(nbuf, sizeof *segs);
 	uint32_t *caps = calloc(nbuf, 4);
@@ -402,8 +409,9 @@ static double bench_flush(void)
 		g->v_bm = bm + (size_t)(2 * i + 1) * cap * bw;
 		g->s_min = sm + (size_t)(2 * i) * nb * SS;
 		g->s_max = sm + (size_t)(2 * i + 1) * nb * SS;
-		g->k_rot = rot + (size_t)(2 * i) * DK * D;
-		g->v_rot = rot + (size_t)(2 * i + 1) * DK * D;
+		g->k_rot = rot + (size_t)(2 * i) * FLUSH_ROT;
+		g->v_rot = rot + (size_t)(2 * i + 1) * FLUSH_ROT;
+		g->rot_dl = D * D;
 		g->b = BB;
 		g->S = SS;
 		g->k_dk = g->v_dk = DK;
