@@ -231,14 +231,19 @@ class Example:
         self._rot, self._rec, self._sum = {}, {}, {}
 
     def rot(self, kind):
-        """(R (L, H, d, d) bf16-rounded eigen-rows, X R^T)."""
+        """(R (L, H, d, d) bf16-rounded eigen-rows, X P^T).
+
+        P = (R R^T)^-1 R, as the library's encoder: the rounded rows are
+        orthonormal only to ~2^-9, and X P^T decodes by R to X exactly."""
         if kind not in self._rot:
             X = self.K if kind == "k" else self.V
             Xd = X.double()
             cov = Xd.transpose(-1, -2) @ Xd
             w, U = torch.linalg.eigh(cov)            # ascending
             R = bf16(U.flip(-1).transpose(-1, -2).float())  # rows, descending
-            self._rot[kind] = (R, X @ R.transpose(-1, -2))
+            Rd = R.double()
+            P = torch.linalg.solve(Rd @ Rd.transpose(-1, -2), Rd)
+            self._rot[kind] = (R, (Xd @ P.transpose(-1, -2)).float())
         return self._rot[kind]
 
     def rec(self, kind, f):

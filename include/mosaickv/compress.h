@@ -7,7 +7,8 @@
  * of tokens.  Encoding:
  *   1. covariance C = XᵀX and its eigen-decomposition; the rotation R has the
  *      eigenvectors as rows, largest eigenvalue first, so X' = X Rᵀ packs the
- *      energy into the leading channels;
+ *      energy into the leading channels (with R rounded to store_dtype, the
+ *      encoder uses X' = X Pᵀ, P = (R Rᵀ)⁻¹ R: mkv_segment_rotation);
  *   2. optionally the 25% lowest-variance rotated channels are dropped
  *      (R keeps its first d_keep = 3d/4 rows);
  *   3. every vector keeps its own r largest-magnitude rotated elements, or
