@@ -209,7 +209,7 @@ bool mkv_b_valid(uint32_t b)
  * decode by X' R to X's projection onto R's rows, exactly.  A bf16 R is
  * orthonormal only to ~2^-9; projecting with R itself would leave an
  * error of that size even with every channel kept (r = d).  Cholesky in
- * double (products of floats are exact there).  Only where R R ᵀ is
+ * double (products of floats are exact there).  Only where R Rᵀ is
  * within 2^-4 of I: a rotation that far from orthonormal was not rounded
  * from one, and the documented X Rᵀ is used as given (P = R).
  */
