@@ -111,6 +111,19 @@ void *gu_upload(const void *h, size_t bytes)
 	return p;
 }
 
+void gu_encode_pair(const struct mkv_encode_opts *o, const uint16_t *k, const uint16_t *v,
+		    size_t n, struct mkv_segment **ks, struct mkv_segment **vs)
+{
+	struct mkv_encode_opts e = *o;
+	e.kind = MKV_KIND_KEY;
+	int rc = mkv_segment_encode(&e, k, MKV_DTYPE_BF16, n, ks);
+	cr_assert_eq(rc, 0, "encode K: %s", mkv_strerror(rc));
+	e.kind = MKV_KIND_VALUE;
+	e.summary_channels = 0;
+	rc = mkv_segment_encode(&e, v, MKV_DTYPE_BF16, n, vs);
+	cr_assert_eq(rc, 0, "encode V: %s", mkv_strerror(rc));
+}
+
 void gu_ctx_build(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
 		  const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o)
 {
@@ -133,13 +146,7 @@ void gu_ctx_build(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
 	for (uint32_t s = 0; s < nseg; s++) {
 		struct mkv_encode_opts e = *o;
 		e.d = d;
-		e.kind = MKV_KIND_KEY;
-		int rc = mkv_segment_encode(&e, c->k + off * d, MKV_DTYPE_BF16, lens[s], &c->ks[s]);
-		cr_assert_eq(rc, 0, "encode K: %s", mkv_strerror(rc));
-		e.kind = MKV_KIND_VALUE;
-		e.summary_channels = 0;
-		rc = mkv_segment_encode(&e, c->v + off * d, MKV_DTYPE_BF16, lens[s], &c->vs[s]);
-		cr_assert_eq(rc, 0, "encode V: %s", mkv_strerror(rc));
+		gu_encode_pair(&e, c->k + off * d, c->v + off * d, lens[s], &c->ks[s], &c->vs[s]);
 		struct mkv_packed_view kv, vv;
 		cr_assert_eq(mkv_segment_view(c->ks[s], &kv), 0);
 		cr_assert_eq(mkv_segment_view(c->vs[s], &vv), 0);

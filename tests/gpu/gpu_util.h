@@ -64,6 +64,10 @@ struct gu_ctx {
 };
 
 /* Encode (mkv_segment_encode with @o, kind set here) and upload. */
+/* Encode @n bf16 rows of keys @k and values @v (host) with @o (d set) into
+ * a K segment (@o's summaries) and a V segment (none); asserts success. */
+void gu_encode_pair(const struct mkv_encode_opts *o, const uint16_t *k, const uint16_t *v,
+		    size_t n, struct mkv_segment **ks, struct mkv_segment **vs);
 void gu_ctx_build(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
 		  const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o);
 void gu_ctx_free(struct gu_ctx *c);

@@ -413,11 +413,7 @@ Test(gpu, small_rows_predicate)
 		uint16_t *x = malloc((size_t)n * d * 2);
 		gu_fill_kv(&rng, x, n, d);
 		struct mkv_segment *ks, *vs;
-		eo.kind = MKV_KIND_KEY;
-		cr_assert_eq(mkv_segment_encode(&eo, x, MKV_DTYPE_BF16, n, &ks), 0);
-		eo.kind = MKV_KIND_VALUE;
-		eo.summary_channels = 0;
-		cr_assert_eq(mkv_segment_encode(&eo, x, MKV_DTYPE_BF16, n, &vs), 0);
+		gu_encode_pair(&eo, x, x, n, &ks, &vs);
 		struct mkv_packed_view kv, vv;
 		cr_assert_eq(mkv_segment_view(ks, &kv), 0);
 		cr_assert_eq(mkv_segment_view(vs, &vv), 0);

@@ -598,11 +598,7 @@ Test(gpu, buffer_image_carries_correction)
 			gu_fill_kv(&rng, x, len, d);
 			gu_fill_kv(&rng, y, len, d);
 			struct mkv_segment *ks, *vs;
-			eo.kind = MKV_KIND_KEY;
-			cr_assert_eq(mkv_segment_encode(&eo, x, MKV_DTYPE_BF16, len, &ks), 0);
-			eo.kind = MKV_KIND_VALUE;
-			eo.summary_channels = 0;
-			cr_assert_eq(mkv_segment_encode(&eo, y, MKV_DTYPE_BF16, len, &vs), 0);
+			gu_encode_pair(&eo, x, y, len, &ks, &vs);
 			struct mkv_packed_view kv, vv;
 			cr_assert_eq(mkv_segment_view(ks, &kv), 0);
 			cr_assert_eq(mkv_segment_view(vs, &vv), 0);
