@@ -1479,10 +1479,14 @@ __global__ void __launch_bounds__(SEL_T) k_select_quest(const struct gpu_dense_h
  * the grid's row (blockIdx.y), which then sees every CTA's writes. */
 __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
 {
-	__threadfence();
+	/* the barrier orders the CTA's writes before thread 0's fence, which
+	 * is cumulative: one fence a CTA, not 1024 (ncu: the fence was the
+	 * count kernel's most sampled instruction) */
 	__syncthreads();
-	if (threadIdx.x == 0)
+	if (threadIdx.x == 0) {
+		__threadfence();
 		*sh_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+	}
 	__syncthreads();
 	bool last = *sh_last;
 	if (last)
@@ -4550,8 +4554,9 @@ static float scale2_of(const struct gpu_attn_args *a)
 
 /*
  * The many-CTA select's grid: ranges of R blocks (a multiple of 1024, so
- * each of a CTA's 32 warps scans a whole number of 32-block rows), about
- * two CTAs per SM over all contexts, at most MSEL_MAXC per context.
+ * each of a CTA's 32 warps scans a whole number of 32-block rows), one
+ * wave over all contexts (as many CTAs per SM as fit), at most MSEL_MAXC
+ * per context.
  */
 static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, int *many)
 {
@@ -4568,7 +4573,16 @@ static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, i
 		*many = 0;
 	else
 		*many = (uint64_t)a->n_heads * 8 <= (uint64_t)nsm && a->max_blocks >= 32768;
-	uint64_t nb = a->max_blocks ? a->max_blocks : 1, ctas = 2 * (uint64_t)(nsm > 0 ? nsm : 1);
+	/* one wave: at 60 registers a thread one 1024-thread CTA fits per SM
+	 * (ncu, 1M batch 1: 32 CTAs a context made 256 CTAs, two waves on 132
+	 * SMs, and the select cost 36 µs of the step) */
+	int occ = 0;
+	GPU_CK(cudaFuncSetAttribute(k_msel_count, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				    (int)sizeof(struct sel_smem)));
+	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_msel_count, SEL_T,
+							     sizeof(struct sel_smem)));
+	uint64_t nb = a->max_blocks ? a->max_blocks : 1,
+		 ctas = (uint64_t)(occ > 0 ? occ : 1) * (uint64_t)(nsm > 0 ? nsm : 1);
 	uint64_t per = (nb * a->n_heads + ctas - 1) / ctas;
 	uint64_t least = (nb + MSEL_MAXC - 1) / MSEL_MAXC;
 	uint64_t r = per > least ? per : least;
