@@ -4563,16 +4563,18 @@ static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, i
 	int dev = 0, nsm = 0;
 	GPU_CK(cudaGetDevice(&dev));
 	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-	/* H200, bench/attn (os_1cta against os_many): many CTAs won only at
-	 * 1M tokens and 8 contexts (-10 µs), tied at 256K, lost at 32K
-	 * (+5 µs: the extra launch and the last-CTA steps) and with 64
-	 * contexts, where one CTA per context already spreads the work. */
+	/* H200, bench/attn (os_1cta against os_many, since the grid is one
+	 * wave): many CTAs win at 512K and 1M tokens with 8 contexts (-6,
+	 * -23 µs) and at 1M with 64 (-12 µs), tie at 512K with 64, lose at
+	 * 256K and below (the extra steps of the last CTA; with 64 contexts
+	 * one CTA per context already spreads the work). */
 	if (a->flags & GPU_ATTN_SELECT_MANY_CTAS)
 		*many = 1;
 	else if (a->flags & GPU_ATTN_SELECT_ONE_CTA)
 		*many = 0;
 	else
-		*many = (uint64_t)a->n_heads * 8 <= (uint64_t)nsm && a->max_blocks >= 32768;
+		*many = a->max_blocks >= 65536 ||
+			((uint64_t)a->n_heads * 8 <= (uint64_t)nsm && a->max_blocks >= 32768);
 	/* one wave: at 60 registers a thread one 1024-thread CTA fits per SM
 	 * (ncu, 1M batch 1: 32 CTAs a context made 256 CTAs, two waves on 132
 	 * SMs, and the select cost 36 µs of the step) */

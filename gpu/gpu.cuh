@@ -166,8 +166,9 @@ struct gpu_attn_args {
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
 /* Block selection by one CTA per context, or by many CTAs per context:
  * the same selection either way.  Neither flag: chosen by shape (many
- * CTAs only for few contexts of long histories, where they measured
- * faster on the H200; gpu/NOTES.md). */
+ * CTAs for histories of 65,536 blocks and more, and from 32,768 blocks
+ * when the contexts are few: where they measured faster on the H200;
+ * gpu/NOTES.md). */
 #define GPU_ATTN_SELECT_ONE_CTA 4u
 #define GPU_ATTN_SELECT_MANY_CTAS 8u
 
