@@ -343,7 +343,9 @@ GPU_HIDDEN int gpu_encode_eig(struct gpu_encoder *e, float *cov, uint32_t nmat, 
  * same for K and V), block summaries over the first S channels and the
  * keys' remainder bounds.  The arrays live in @dev
  * (gpu_encode_pack_bytes); segs receives nmat/2 host descriptors with
- * device pointers.
+ * device pointers.  Asynchronous on @s (the host does not wait): x, R and
+ * dev must stay valid, and the encoder must not be used on another
+ * stream, until the stream has passed it.
  */
 struct gpu_encode_args {
 	uint32_t nmat, n, d, r, g, b, S, drop;

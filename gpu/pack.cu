@@ -272,101 +272,155 @@ __global__ void k_summ(const struct pack_job *jobs)
 }
 
 /*
- * Prefill packing from rotated vectors (cuBLAS did x' = x Rᵀ): one warp per
- * vector, the r/g largest group energies found by a bitwise radix search
- * over ballots (energies are non-negative, so their bits order them), ties
- * to the lower group index as mkv_topk_mask.
+ * Prefill packing from rotated vectors (cuBLAS did x' = x Rᵀ and x Cᵀ).
+ * One warp per block of b tokens, so that the keys' block summaries and
+ * remainder bounds come from the warp's registers (a second kernel over
+ * x' cost 78 µs of the 64K-token layer on the H200); each vector's loads
+ * go out while the one before it is worked (one vector per warp left
+ * every warp waiting on its loads: 1.06 ms for that layer).  Per vector,
+ * the r/g largest group energies by a bitwise radix search (energies are
+ * non-negative, so their bits order them), ties to the lower group index
+ * as mkv_topk_mask.  Jobs by value: no upload and no host wait before
+ * the launch.  Prefill only: tok0 == 0, so no block holds older tokens.
  */
-__global__ void __launch_bounds__(128) k_pack_rot(const struct pack_job *jobs)
+#define PACK_JOBS 16
+struct pack_jobs {
+	struct pack_job j[PACK_JOBS];
+};
+
+template <bool G1>
+__global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct pack_jobs P)
 {
 	__shared__ uint8_t selsh[4][GPU_MAX_D];
 	__shared__ uint8_t qsh[4][GPU_MAX_D];
-	const struct pack_job &J = jobs[blockIdx.y];
+	const struct pack_job &J = P.j[blockIdx.y];
 	int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	uint32_t t = blockIdx.x * 4 + w;
-	if (t >= J.ntok)
+	uint32_t blk = blockIdx.x * 4 + w, t0 = blk * J.b;
+	if (t0 >= J.ntok)
 		return; /* warp-uniform */
-	uint32_t dk = J.dk, g = J.g, kg = J.r / g;
-	const float *row = J.xr + (size_t)t * dk;
-	const uint16_t *crow = J.xc ? J.xc + (size_t)t * dk : NULL;
-	float xr[4];
-	uint32_t eb[4];
-	bool lead[4];
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		uint32_t c = lane + 32 * k;
-		xr[k] = c < dk ? row[c] : 0.0f;
-		if (crow && c < dk)
-			xr[k] += bf1(crow[c]);
-	}
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		uint32_t c = lane + 32 * k;
-		int ld = lane & ~(int)(g - 1);
-		float e = 0.0f;
-		for (uint32_t tt = 0; tt < g; tt++) {
-			float v = __shfl_sync(0xffffffffu, xr[k], ld + (int)tt);
-			e = __fadd_rn(e, __fmul_rn(v, v));
-		}
-		lead[k] = c < dk && (c % g) == 0;
-		eb[k] = __float_as_uint(e);
-	}
-	/*
-	 * T = the kg-th largest energy: the largest value with >= kg at or
-	 * above.  Stop as soon as exactly kg lie at or above a prefix: the
-	 * final T is >= it, so the same kg are at or above the final T and
-	 * no tie is left to break (with distinct energies that happens after
-	 * ~10 of the 32 bits; this search was most of the kernel).
-	 */
-	uint32_t T = 0;
-	bool exact = false;
-	for (int bit = 31; bit >= 0; bit--) {
-		uint32_t cand = T | (1u << bit), cnt = 0;
-#pragma unroll
-		for (int k = 0; k < 4; k++)
-			cnt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] >= cand));
-		if (cnt >= kg) {
-			T = cand;
-			if (cnt == kg) { /* warp-uniform */
-				exact = true;
-				break;
-			}
-		}
-	}
-	if (exact) {
-#pragma unroll
-		for (int k = 0; k < 4; k++)
-			if (lead[k])
-				selsh[w][(lane + 32 * k) / g] = eb[k] >= T;
-	} else {
-		uint32_t ngt = 0;
-#pragma unroll
-		for (int k = 0; k < 4; k++)
-			ngt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] > T));
-		uint32_t ties_left = kg - ngt, tie_before = 0; /* ties in (k, lane) order */
+	uint32_t t1 = min(J.ntok, t0 + J.b);
+	uint32_t dk = J.dk, d = J.d, g = G1 ? 1 : J.g, kg = J.r / g, S = J.S;
+	const bool sums = J.smin != NULL, rest = J.srest != NULL;
+	/* the next vector's raw loads: x' row, x Cᵀ row, x row (for the
+	 * remainder norm) */
+	float ra[4];
+	uint16_t ca[4], xa[4];
+	auto issue = [&](uint32_t t) {
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
 			uint32_t c = lane + 32 * k;
-			uint32_t tb = __ballot_sync(0xffffffffu, lead[k] && eb[k] == T);
-			bool s = lead[k] && (eb[k] > T ||
-					     (eb[k] == T && tie_before + __popc(tb & ((1u << lane) - 1u)) < ties_left));
-			tie_before += __popc(tb);
-			if (lead[k])
-				selsh[w][c / g] = s;
+			ra[k] = c < dk ? __ldg(J.xr + (size_t)t * dk + c) : 0.0f;
+			ca[k] = J.xc && c < dk ? __ldg(J.xc + (size_t)t * dk + c) : (uint16_t)0;
+			xa[k] = rest && c < d ? __ldg(J.x + (size_t)t * d + c) : (uint16_t)0;
+		}
+	};
+	issue(t0);
+	float mn[4], mx[4], mrest = 0.0f;
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		mn[k] = INFINITY;
+		mx[k] = -INFINITY;
+	}
+	for (uint32_t t = t0; t < t1; t++) {
+		float xr[4], xo[4];
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			xr[k] = ra[k] + bf1(ca[k]); /* x Pᵀ = x Rᵀ + x Cᵀ */
+			xo[k] = bf1(xa[k]);
+		}
+		if (t + 1 < t1)
+			issue(t + 1);
+		uint32_t eb[4];
+		bool lead[4];
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			uint32_t c = lane + 32 * k;
+			float e;
+			if (G1) {
+				e = __fmul_rn(xr[k], xr[k]);
+			} else { /* the CPU's order: Σ_t x'(jg+t)² sequentially */
+				int ld = lane & ~(int)(g - 1);
+				e = 0.0f;
+				for (uint32_t tt = 0; tt < g; tt++) {
+					float v = __shfl_sync(0xffffffffu, xr[k], ld + (int)tt);
+					e = __fadd_rn(e, __fmul_rn(v, v));
+				}
+			}
+			lead[k] = c < dk && (c % g) == 0;
+			eb[k] = __float_as_uint(e);
+		}
+		/*
+		 * T = the kg-th largest energy: the largest value with >= kg at
+		 * or above.  Stop as soon as exactly kg lie at or above a prefix:
+		 * the final T is >= it, so the same kg are at or above the final T
+		 * and no tie is left to break (with distinct energies that
+		 * happens after ~10 of the 32 bits).
+		 */
+		uint32_t T = 0;
+		bool exact = false;
+		for (int bit = 31; bit >= 0; bit--) {
+			uint32_t cand = T | (1u << bit), n = 0;
+#pragma unroll
+			for (int k = 0; k < 4; k++)
+				n += lead[k] && eb[k] >= cand;
+			uint32_t cnt = __reduce_add_sync(0xffffffffu, n);
+			if (cnt >= kg) {
+				T = cand;
+				if (cnt == kg) { /* warp-uniform */
+					exact = true;
+					break;
+				}
+			}
+		}
+		__syncwarp(); /* the previous vector's pack_out has read selsh */
+		if (exact) {
+#pragma unroll
+			for (int k = 0; k < 4; k++)
+				if (lead[k])
+					selsh[w][(lane + 32 * k) / g] = eb[k] >= T;
+		} else {
+			uint32_t ngt = 0;
+#pragma unroll
+			for (int k = 0; k < 4; k++)
+				ngt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] > T));
+			uint32_t ties_left = kg - ngt, tie_before = 0; /* ties in (k, lane) order */
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				uint32_t c = lane + 32 * k;
+				uint32_t tb = __ballot_sync(0xffffffffu, lead[k] && eb[k] == T);
+				bool s = lead[k] &&
+					 (eb[k] > T || (eb[k] == T && tie_before + __popc(tb & ((1u << lane) - 1u)) <
+									   ties_left));
+				tie_before += __popc(tb);
+				if (lead[k])
+					selsh[w][c / g] = s;
+			}
+		}
+		__syncwarp();
+		pack_out(J, t, selsh[w], xr, lane, qsh[w]);
+		if (sums) {
+#pragma unroll
+			for (int k = 0; k < 4; k++)
+				if (lane + 32 * k < S) {
+					mn[k] = fminf(mn[k], xr[k]);
+					mx[k] = fmaxf(mx[k], xr[k]);
+				}
+		}
+		if (rest)
+			mrest = fmaxf(mrest, rest_norm(xo, xr, d, S, lane));
+	}
+	if (sums) {
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			uint32_t c = lane + 32 * k;
+			if (c < S) {
+				J.smin[(size_t)blk * S + c] = f2bf_down(mn[k]);
+				J.smax[(size_t)blk * S + c] = f2bf_up(mx[k]);
+			}
 		}
 	}
-	__syncwarp();
-	pack_out(J, (size_t)J.tok0 + t, selsh[w], xr, lane, qsh[w]);
-	if (J.rest) {
-		float xo[4];
-		const uint16_t *x = J.x + (size_t)t * J.d;
-#pragma unroll
-		for (int k = 0; k < 4; k++)
-			xo[k] = lane + 32 * k < J.d ? bf1(x[lane + 32 * k]) : 0.0f;
-		float rn = rest_norm(xo, xr, J.d, J.S, lane);
-		if (lane == 0)
-			J.rest[t] = rn;
-	}
+	if (rest && lane == 0)
+		J.srest[blk] = f2bf_up(mrest);
 }
 
 /* Append: thread per buffer builds its two jobs and advances n. */
@@ -478,7 +532,6 @@ struct gpu_encoder {
 	int lwork;
 	int *info;     /* nmat ints */
 	float *eigv;   /* nmat × d eigenvalues */
-	struct pack_job *jobs; /* device, nmat */
 	uint16_t *rot; /* nmat × d × d bf16 staging of the rounded rotations */
 	/* The projection's correction C = (I − R Rᵀ) R of each rounded R
 	 * (nmat × d × d each): R in float, R Rᵀ, C in float, C in bf16. */
@@ -488,8 +541,6 @@ struct gpu_encoder {
 	size_t xr_bytes;
 	uint16_t *xc;  /* their corrections x Cᵀ in bf16, the same layout */
 	size_t xc_bytes;
-	float *rest;   /* keys' remainder norms, nmat / 2 × n */
-	size_t rest_bytes;
 };
 
 int gpu_encoder_create(uint32_t d, uint32_t nmat, struct gpu_encoder **out)
@@ -511,7 +562,6 @@ int gpu_encoder_create(uint32_t d, uint32_t nmat, struct gpu_encoder **out)
 		goto fail;
 	if ((ce = cudaMalloc(&e->info, sizeof(int) * nmat)) != cudaSuccess ||
 	    (ce = cudaMalloc(&e->eigv, sizeof(float) * d * nmat)) != cudaSuccess ||
-	    (ce = cudaMalloc(&e->jobs, sizeof(struct pack_job) * nmat)) != cudaSuccess ||
 	    (ce = cudaMalloc(&e->rot, (size_t)2 * d * d * nmat)) != cudaSuccess ||
 	    (ce = cudaMalloc(&e->rf, sizeof(float) * d * d * nmat)) != cudaSuccess ||
 	    (ce = cudaMalloc(&e->gm, sizeof(float) * d * d * nmat)) != cudaSuccess ||
@@ -574,7 +624,6 @@ void gpu_encoder_destroy(struct gpu_encoder *e)
 	cudaFree(e->work);
 	cudaFree(e->info);
 	cudaFree(e->eigv);
-	cudaFree(e->jobs);
 	cudaFree(e->rot);
 	cudaFree(e->rf);
 	cudaFree(e->gm);
@@ -582,7 +631,6 @@ void gpu_encoder_destroy(struct gpu_encoder *e)
 	cudaFree(e->cb);
 	cudaFree(e->xr);
 	cudaFree(e->xc);
-	cudaFree(e->rest);
 	free(e);
 }
 
@@ -641,17 +689,21 @@ int gpu_encode_eig(struct gpu_encoder *e, float *cov, uint32_t nmat, float *R, c
 	return 0;
 }
 
-/* Round the first dk rows of R (float) to bf16 into rot and stage, and
- * the rounded values as floats into rf and cf. */
-__global__ void k_rot_bf16(const float *R, uint16_t *rot, uint16_t *stage, float *rf,
-			   float *cf, uint32_t dk, uint32_t d)
+/* Round the first dk rows of R[m] (float, d × d) to bf16 into the
+ * segment's rotation (matrix m = blockIdx.y: pair m / 2 of @dev, its key
+ * rotation at @koff, its value rotation at @voff) and stage, and the
+ * rounded values as floats into rf and cf. */
+__global__ void k_rot_bf16(const float *R, char *dev, size_t per_pair, size_t koff, size_t voff,
+			   uint16_t *stage, float *rf, float *cf, uint32_t dk, uint32_t d)
 {
-	uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+	uint32_t m = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
 	if (i < dk * d) {
-		uint16_t v = f2bf_rn(R[i]);
+		uint16_t v = f2bf_rn(R[(size_t)m * d * d + i]);
+		uint16_t *rot = (uint16_t *)(dev + (m / 2) * per_pair + (m % 2 ? voff : koff));
+		size_t o = (size_t)m * dk * d + i;
 		rot[i] = v;
-		stage[i] = v;
-		rf[i] = cf[i] = bf1(v);
+		stage[o] = v;
+		rf[o] = cf[o] = bf1(v);
 	}
 }
 
@@ -759,14 +811,9 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		GPU_CK(cudaMalloc(&e->xc, need));
 		e->xc_bytes = need;
 	}
-	need = (size_t)(a->nmat / 2) * a->n * sizeof(float);
-	if (need > e->rest_bytes) {
-		cudaFree(e->rest);
-		e->rest = NULL;
-		e->rest_bytes = 0;
-		GPU_CK(cudaMalloc(&e->rest, need));
-		e->rest_bytes = need;
-	}
+	k_rot_bf16<<<dim3((dk * d + 255) / 256, a->nmat), 256, 0, s>>>(
+		a->R, (char *)a->dev, p.per_pair, p.k_rot, p.v_rot, e->rot, e->rf, e->cf, dk, d);
+	GPU_CKL();
 	struct pack_job *hj = (struct pack_job *)calloc(a->nmat, sizeof *hj);
 	if (!hj)
 		return -ENOMEM;
@@ -774,15 +821,6 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		char *base = (char *)a->dev + (m / 2) * p.per_pair;
 		int key = (m % 2) == 0;
 		uint16_t *rot = (uint16_t *)(base + (key ? p.k_rot : p.v_rot));
-		size_t mo = (size_t)m * dk * d;
-		k_rot_bf16<<<(dk * d + 255) / 256, 256, 0, s>>>(a->R + (size_t)m * d * d, rot,
-								e->rot + mo, e->rf + mo,
-								e->cf + mo, dk, d);
-		cudaError_t ce = cudaGetLastError();
-		if (ce != cudaSuccess) {
-			free(hj);
-			return gpu_errno(ce);
-		}
 		float *xr = e->xr + (size_t)m * a->n * dk;
 		struct pack_job *j = &hj[m];
 		j->x = a->x + (size_t)m * a->n * d;
@@ -794,11 +832,11 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		j->smin = key ? (uint16_t *)(base + p.s_min) : NULL;
 		j->smax = key ? (uint16_t *)(base + p.s_max) : NULL;
 		j->srest = key ? (uint16_t *)(base + p.s_rest) : NULL;
-		j->rest = key ? e->rest + (size_t)(m / 2) * a->n : NULL;
+		j->rest = NULL; /* k_pack_rot keeps each block's largest */
 		j->d = d;
 		j->vb = a->value_bits;
-		j->xs = key ? xr : NULL; /* summaries from x' + x Cᵀ (k_summ) */
-		j->xs_ld = dk;
+		j->xs = NULL; /* k_pack_rot sums up x' + x Cᵀ itself */
+		j->xs_ld = 0;
 		j->tok0 = 0;
 		j->ntok = a->n;
 		j->dk = dk;
@@ -862,15 +900,23 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		free(hj);
 		return bs == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
 	}
-	cudaError_t ce = cudaMemcpyAsync(e->jobs, hj, sizeof(*hj) * a->nmat, cudaMemcpyHostToDevice, s);
-	if (ce == cudaSuccess)
-		ce = cudaStreamSynchronize(s); /* hj is freed below */
+	/* jobs by value, PACK_JOBS a launch */
+	for (uint32_t m0 = 0; m0 < a->nmat; m0 += PACK_JOBS) {
+		uint32_t nj = a->nmat - m0 < PACK_JOBS ? a->nmat - m0 : PACK_JOBS;
+		struct pack_jobs pj;
+		memset(&pj, 0, sizeof pj);
+		memcpy(pj.j, hj + m0, nj * sizeof *hj);
+		dim3 grid((p.nb + 3) / 4, nj);
+		if (a->g == 1)
+			k_pack_rot<true><<<grid, 128, 0, s>>>(pj);
+		else
+			k_pack_rot<false><<<grid, 128, 0, s>>>(pj);
+		cudaError_t ce = cudaGetLastError();
+		if (ce != cudaSuccess) {
+			free(hj);
+			return gpu_errno(ce);
+		}
+	}
 	free(hj);
-	if (ce != cudaSuccess)
-		return gpu_errno(ce);
-	k_pack_rot<<<dim3((a->n + 3) / 4, a->nmat), 128, 0, s>>>(e->jobs);
-	GPU_CKL();
-	k_summ<<<dim3(p.nb, a->nmat), 128, 0, s>>>(e->jobs);
-	GPU_CKL();
 	return 0;
 }
