@@ -3507,10 +3507,25 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 		if (i + 4 < cnt)
 			nxt = (list ? list[i + 4] - sg.block0 : base_blk + i + 4) * sg.b;
 	}
-	/* Q'ᵀ fragments: column g of n-tile u is head 4u + g % 4, part g / 4 */
-#pragma unroll 4
-	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)
-		sm.qs[i] = __ldg(qr + i) * scale2;
+	/* Q'ᵀ fragments: column g of n-tile u is head 4u + g % 4, part g / 4.
+	 * Every load first, then the stores: one round trip to L2, not one
+	 * per element (the loop stalled on each: 3.5 % of the samples). */
+	{
+		constexpr int QN = (D * P + 127) / 128; /* blockDim.x == 128 */
+		const uint32_t nqs = sg.k_dk * P;
+		float qv[QN];
+#pragma unroll
+		for (int e = 0; e < QN; e++) {
+			uint32_t i = threadIdx.x + 128 * e;
+			qv[e] = i < nqs ? __ldg(qr + i) : 0.0f;
+		}
+#pragma unroll
+		for (int e = 0; e < QN; e++) {
+			uint32_t i = threadIdx.x + 128 * e;
+			if (i < nqs)
+				sm.qs[i] = qv[e] * scale2;
+		}
+	}
 	__syncthreads();
 	for (uint32_t i = threadIdx.x; i < NU * KC * 32; i += blockDim.x) {
 		uint32_t ln = i & 31, ks = (i >> 5) % KC, u = (i >> 5) / KC;
