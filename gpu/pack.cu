@@ -52,45 +52,21 @@ __device__ __forceinline__ float rest_norm(const float (&xo)[4], const float (&x
 }
 
 /*
- * Write token @tok's bitmap and packed row: @sel marks the kept groups,
- * xr[k] is rotated channel lane + 32 k.  Rows are bf16 values (vb == 0)
+ * Write token @tok's bitmap and packed row: W[] the bitmap words, kidx[k]
+ * the index among the stored values of rotated channel lane + 32 k (-1:
+ * not stored), xr[k] its value.  Rows are bf16 values (vb == 0)
  * or segment.c's quantized row (quantize_row): scale s = the kept values'
  * largest magnitude / (2^(w-1) - 1) rounded up to bf16, fields
  * u = 2^(w-1) + clamp(rint(x / s)), LSB-first from bit 16; the whole
  * device row (rs units) is written, padding zero.  @qsh: this warp's
  * GPU_MAX_D bytes of shared scratch.
  */
-__device__ __forceinline__ void pack_out(const struct pack_job &J, size_t tok, const uint8_t *sel,
-					 const float (&xr)[4], int lane, uint8_t *qsh)
+__device__ __forceinline__ void pack_write(const struct pack_job &J, size_t tok,
+					   const uint32_t (&W)[4], const int (&kidx)[4],
+					   const float (&xr)[4], int lane, uint8_t *qsh)
 {
-	uint32_t dk = J.dk, g = J.g, ng = dk / g;
-	uint32_t W[4];
-#pragma unroll
-	for (int wd = 0; wd < 4; wd++) {
-		uint32_t j = 32 * wd + lane;
-		W[wd] = __ballot_sync(0xffffffffu, j < ng && sel[j]);
-	}
 	if (lane < (int)J.bw)
 		J.bm[tok * J.bw + lane] = lane == 0 ? W[0] : lane == 1 ? W[1] : lane == 2 ? W[2] : W[3];
-	int kidx[4]; /* index among the stored values, -1: not stored */
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		uint32_t c = lane + 32 * k;
-		kidx[k] = -1;
-		if (c < dk) {
-			uint32_t j = c / g;
-			if (sel[j]) {
-				uint32_t pos = 0, wj = j >> 5;
-#pragma unroll
-				for (int wd = 0; wd < 4; wd++)
-					if ((uint32_t)wd < wj)
-						pos += __popc(W[wd]);
-				uint32_t ww = wj == 0 ? W[0] : wj == 1 ? W[1] : wj == 2 ? W[2] : W[3];
-				pos += __popc(ww & ((1u << (j & 31)) - 1u));
-				kidx[k] = (int)(pos * g + c % g);
-			}
-		}
-	}
 	if (!J.vb) {
 		uint16_t *out = J.val + tok * J.rs;
 #pragma unroll
@@ -137,6 +113,39 @@ __device__ __forceinline__ void pack_out(const struct pack_job &J, size_t tok, c
 		out[wd] = v;
 	}
 	__syncwarp();
+}
+
+/* pack_write with @sel marking the kept groups (one flag per group). */
+__device__ __forceinline__ void pack_out(const struct pack_job &J, size_t tok, const uint8_t *sel,
+					 const float (&xr)[4], int lane, uint8_t *qsh)
+{
+	uint32_t dk = J.dk, g = J.g, ng = dk / g;
+	uint32_t W[4];
+#pragma unroll
+	for (int wd = 0; wd < 4; wd++) {
+		uint32_t j = 32 * wd + lane;
+		W[wd] = __ballot_sync(0xffffffffu, j < ng && sel[j]);
+	}
+	int kidx[4];
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		kidx[k] = -1;
+		if (c < dk) {
+			uint32_t j = c / g;
+			if (sel[j]) {
+				uint32_t pos = 0, wj = j >> 5;
+#pragma unroll
+				for (int wd = 0; wd < 4; wd++)
+					if ((uint32_t)wd < wj)
+						pos += __popc(W[wd]);
+				uint32_t ww = wj == 0 ? W[0] : wj == 1 ? W[1] : wj == 2 ? W[2] : W[3];
+				pos += __popc(ww & ((1u << (j & 31)) - 1u));
+				kidx[k] = (int)(pos * g + c % g);
+			}
+		}
+	}
+	pack_write(J, tok, W, kidx, xr, lane, qsh);
 }
 
 /* One warp per token.  Matches encode_select/pack_vector of segment.c. */
@@ -288,7 +297,7 @@ struct pack_jobs {
 	struct pack_job j[PACK_JOBS];
 };
 
-template <bool G1>
+template <bool G1, int KN>
 __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct pack_jobs P)
 {
 	__shared__ uint8_t selsh[4][GPU_MAX_D];
@@ -298,20 +307,24 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 	uint32_t blk = blockIdx.x * 4 + w, t0 = blk * J.b;
 	if (t0 >= J.ntok)
 		return; /* warp-uniform */
-	uint32_t t1 = min(J.ntok, t0 + J.b);
-	uint32_t dk = J.dk, d = J.d, g = G1 ? 1 : J.g, kg = J.r / g, S = J.S;
+	const uint32_t t1 = min(J.ntok, t0 + J.b), dk = J.dk, d = J.d, g = G1 ? 1 : J.g,
+		       kg = J.r / g, S = J.S;
 	const bool sums = J.smin != NULL, rest = J.srest != NULL;
-	/* the next vector's raw loads: x' row, x Cᵀ row, x row (for the
-	 * remainder norm) */
+	/* this lane's columns of the three inputs; the next vector's loads
+	 * go out before this one is worked */
+	const float *pr = J.xr + lane;
+	const uint16_t *pc = J.xc ? J.xc + lane : NULL, *px = J.x + lane;
 	float ra[4];
 	uint16_t ca[4], xa[4];
 	auto issue = [&](uint32_t t) {
+		const float *r = pr + (size_t)t * dk;
+		const uint16_t *c = pc ? pc + (size_t)t * dk : NULL, *x = px + (size_t)t * d;
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
-			uint32_t c = lane + 32 * k;
-			ra[k] = c < dk ? __ldg(J.xr + (size_t)t * dk + c) : 0.0f;
-			ca[k] = J.xc && c < dk ? __ldg(J.xc + (size_t)t * dk + c) : (uint16_t)0;
-			xa[k] = rest && c < d ? __ldg(J.x + (size_t)t * d + c) : (uint16_t)0;
+			bool in = lane + 32 * k < dk;
+			ra[k] = in ? __ldg(r + 32 * k) : 0.0f;
+			ca[k] = in && c ? __ldg(c + 32 * k) : (uint16_t)0;
+			xa[k] = rest && lane + 32 * k < d ? __ldg(x + 32 * k) : (uint16_t)0;
 		}
 	};
 	issue(t0);
@@ -330,8 +343,10 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 		}
 		if (t + 1 < t1)
 			issue(t + 1);
+		/* energies as ordered integers; groups' other lanes and channels
+		 * past d_keep hold 0, which no candidate (>= 1) counts; a
+		 * negative NaN is clamped so that the signed count below holds */
 		uint32_t eb[4];
-		bool lead[4];
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
 			uint32_t c = lane + 32 * k;
@@ -346,23 +361,24 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 					e = __fadd_rn(e, __fmul_rn(v, v));
 				}
 			}
-			lead[k] = c < dk && (c % g) == 0;
-			eb[k] = __float_as_uint(e);
+			eb[k] = c < dk && (c % g) == 0 ? min(__float_as_uint(e), 0x7fffffffu) : 0u;
 		}
 		/*
 		 * T = the kg-th largest energy: the largest value with >= kg at
 		 * or above.  Stop as soon as exactly kg lie at or above a prefix:
 		 * the final T is >= it, so the same kg are at or above the final T
 		 * and no tie is left to break (with distinct energies that
-		 * happens after ~10 of the 32 bits).
+		 * happens after ~13 of the 31 bits on the bench's data).  A lane
+		 * counts its channels at or above cand by the sign of cand - 1 -
+		 * e (both below 2^31).
 		 */
 		uint32_t T = 0;
 		bool exact = false;
-		for (int bit = 31; bit >= 0; bit--) {
+		for (int bit = 30; bit >= 0; bit--) {
 			uint32_t cand = T | (1u << bit), n = 0;
 #pragma unroll
-			for (int k = 0; k < 4; k++)
-				n += lead[k] && eb[k] >= cand;
+			for (int k = 0; k < KN; k++)
+				n += (cand - 1u - eb[k]) >> 31;
 			uint32_t cnt = __reduce_add_sync(0xffffffffu, n);
 			if (cnt >= kg) {
 				T = cand;
@@ -372,32 +388,53 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 				}
 			}
 		}
-		__syncwarp(); /* the previous vector's pack_out has read selsh */
-		if (exact) {
-#pragma unroll
-			for (int k = 0; k < 4; k++)
-				if (lead[k])
-					selsh[w][(lane + 32 * k) / g] = eb[k] >= T;
-		} else {
+		/* kept: at or above T, and of the ties at T the first ones in
+		 * (k, lane) order (none left to break when exact) */
+		bool keep[4];
+		uint32_t ties_left = 0, tie_before = 0;
+		if (!exact) {
 			uint32_t ngt = 0;
 #pragma unroll
 			for (int k = 0; k < 4; k++)
-				ngt += __popc(__ballot_sync(0xffffffffu, lead[k] && eb[k] > T));
-			uint32_t ties_left = kg - ngt, tie_before = 0; /* ties in (k, lane) order */
+				ngt += __popc(__ballot_sync(0xffffffffu, eb[k] > T));
+			ties_left = kg - ngt;
+		}
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			bool lead = lane + 32 * k < dk && ((lane + 32 * k) % g) == 0;
+			keep[k] = lead && eb[k] >= T;
+			if (!exact) {
+				uint32_t tb = __ballot_sync(0xffffffffu, lead && eb[k] == T);
+				keep[k] = lead && (eb[k] > T ||
+						   (eb[k] == T &&
+						    tie_before + __popc(tb & ((1u << lane) - 1u)) < ties_left));
+				tie_before += __popc(tb);
+			}
+		}
+		if (G1) {
+			/* the bitmap words are the kept flags' ballots; a value's
+			 * index the kept channels before it */
+			uint32_t W[4];
+			int kidx[4];
+			uint32_t before = 0, lt = (1u << lane) - 1u;
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				W[k] = __ballot_sync(0xffffffffu, keep[k]);
+				kidx[k] = keep[k] ? (int)(before + __popc(W[k] & lt)) : -1;
+				before += __popc(W[k]);
+			}
+			pack_write(J, t, W, kidx, xr, lane, qsh[w]);
+		} else {
+			__syncwarp(); /* the previous vector's pack_out has read selsh */
 #pragma unroll
 			for (int k = 0; k < 4; k++) {
 				uint32_t c = lane + 32 * k;
-				uint32_t tb = __ballot_sync(0xffffffffu, lead[k] && eb[k] == T);
-				bool s = lead[k] &&
-					 (eb[k] > T || (eb[k] == T && tie_before + __popc(tb & ((1u << lane) - 1u)) <
-									   ties_left));
-				tie_before += __popc(tb);
-				if (lead[k])
-					selsh[w][c / g] = s;
+				if (c < dk && (c % g) == 0)
+					selsh[w][c / g] = keep[k];
 			}
+			__syncwarp();
+			pack_out(J, t, selsh[w], xr, lane, qsh[w]);
 		}
-		__syncwarp();
-		pack_out(J, t, selsh[w], xr, lane, qsh[w]);
 		if (sums) {
 #pragma unroll
 			for (int k = 0; k < 4; k++)
@@ -406,8 +443,19 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 					mx[k] = fmaxf(mx[k], xr[k]);
 				}
 		}
-		if (rest)
-			mrest = fmaxf(mrest, rest_norm(xo, xr, d, S, lane));
+		if (rest) {
+			/* |x|² − |x'_{0..S-1}|² in one warp sum of the lanes'
+			 * differences; the largest over the block, its root at the
+			 * end (the root is monotone) */
+			float v = 0.0f;
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				uint32_t c = lane + 32 * k;
+				float a = c < d ? xo[k] * xo[k] : 0.0f, s2 = c < S ? xr[k] * xr[k] : 0.0f;
+				v += a - s2;
+			}
+			mrest = fmaxf(mrest, warp_sum(v));
+		}
 	}
 	if (sums) {
 #pragma unroll
@@ -420,7 +468,7 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 		}
 	}
 	if (rest && lane == 0)
-		J.srest[blk] = f2bf_up(mrest);
+		J.srest[blk] = f2bf_up(sqrtf(mrest));
 }
 
 /* Append: thread per buffer builds its two jobs and advances n. */
@@ -907,10 +955,12 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		memset(&pj, 0, sizeof pj);
 		memcpy(pj.j, hj + m0, nj * sizeof *hj);
 		dim3 grid((p.nb + 3) / 4, nj);
-		if (a->g == 1)
-			k_pack_rot<true><<<grid, 128, 0, s>>>(pj);
+		if (a->g == 1 && dk <= 96)
+			k_pack_rot<true, 3><<<grid, 128, 0, s>>>(pj);
+		else if (a->g == 1)
+			k_pack_rot<true, 4><<<grid, 128, 0, s>>>(pj);
 		else
-			k_pack_rot<false><<<grid, 128, 0, s>>>(pj);
+			k_pack_rot<false, 4><<<grid, 128, 0, s>>>(pj);
 		cudaError_t ce = cudaGetLastError();
 		if (ce != cudaSuccess) {
 			free(hj);
