@@ -29,26 +29,32 @@ struct pack_job {
 };
 
 /*
- * The remainder norm of a key (segment.c rest_norm): sqrt(max(0, |x|² −
- * |x'_{0..S-1}|²)) from this lane's channels j = lane + 32 k of x (@xo, d
- * of them) and of x' (@xr, c < S).  Warp sums, so the last bits may differ
- * from the CPU's sequential sums; the bound is rounded up to bf16 after.
+ * |x|² − |x'_{0..S-1}|² of a key (the square of segment.c's rest_norm
+ * before its clamp at 0) from this lane's channels j = lane + 32 k of x
+ * (@xo, d of them) and of x' (@xr, c < S): one warp sum of the lanes'
+ * differences, so the last bits may differ from the CPU's sequential
+ * sums; the bound is rounded up to bf16 after.
  */
-__device__ __forceinline__ float rest_norm(const float (&xo)[4], const float (&xr)[4],
-					   uint32_t d, uint32_t S, int lane)
+__device__ __forceinline__ float rest_sq(const float (&xo)[4], const float (&xr)[4], uint32_t d,
+					 uint32_t S, int lane)
 {
-	float nx = 0.0f, ns = 0.0f;
+	float v = 0.0f;
 #pragma unroll
 	for (int k = 0; k < 4; k++) {
 		uint32_t c = lane + 32 * k;
 		if (c < d)
-			nx = fmaf(xo[k], xo[k], nx);
+			v = fmaf(xo[k], xo[k], v);
 		if (c < S)
-			ns = fmaf(xr[k], xr[k], ns);
+			v = fmaf(-xr[k], xr[k], v);
 	}
-	nx = warp_sum(nx);
-	ns = warp_sum(ns);
-	return sqrtf(fmaxf(0.0f, nx - ns));
+	return warp_sum(v);
+}
+
+/* The remainder norm of a key: sqrt(max(0, rest_sq)). */
+__device__ __forceinline__ float rest_norm(const float (&xo)[4], const float (&xr)[4],
+					   uint32_t d, uint32_t S, int lane)
+{
+	return sqrtf(fmaxf(0.0f, rest_sq(xo, xr, d, S, lane)));
 }
 
 /*
@@ -443,19 +449,9 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 					mx[k] = fmaxf(mx[k], xr[k]);
 				}
 		}
-		if (rest) {
-			/* |x|² − |x'_{0..S-1}|² in one warp sum of the lanes'
-			 * differences; the largest over the block, its root at the
-			 * end (the root is monotone) */
-			float v = 0.0f;
-#pragma unroll
-			for (int k = 0; k < 4; k++) {
-				uint32_t c = lane + 32 * k;
-				float a = c < d ? xo[k] * xo[k] : 0.0f, s2 = c < S ? xr[k] * xr[k] : 0.0f;
-				v += a - s2;
-			}
-			mrest = fmaxf(mrest, warp_sum(v));
-		}
+		if (rest) /* the largest over the block, its root at the end
+			   (the root is monotone) */
+			mrest = fmaxf(mrest, rest_sq(xo, xr, d, S, lane));
 	}
 	if (sums) {
 #pragma unroll
