@@ -66,7 +66,8 @@ static int qfield(const uint8_t *row, uint32_t k, uint32_t w)
  * agree within one bf16 ulp or 3e-5 of the row's norm (bf16 rows;
  * close_rel), or (quantized rows) scales within
  * one ulp and every value within one quantization step, equal fields for
- * all but a rare few (rounding ties), padding zero.  Remainder bounds:
+ * all but a rare few (rounding ties), padding zero.  Summaries: within one
+ * ulp or 3e-5 of the norm of the block's bounds.  Remainder bounds:
  * within one ulp, or a small part of the block's largest bound (the
  * difference of two sums cancels).
  */
