@@ -17,9 +17,9 @@
  * the per-value scatter for ours, r = 32 of 96, and the channel-major walk
  * for ours_q6).  ours_3, q6_3: ours and ours_q6 without
  * GPU_ATTN_SMALL_ROWS (the staged path in its general layout, three CTAs
- * per SM instead of four).  ours_256, ours_512: ours with work chunks of
- * 256 / 512 blocks forced (GPU_ATTN_CHUNK_256 / _512; ours: the library's
- * choice by shape).  ours_sl, quest_sl: ours and Quest with the select
+ * per SM instead of four).  ours_64, ours_128, ours_256, ours_512: ours
+ * with work chunks of 64 .. 512 blocks forced (GPU_ATTN_CHUNK_64 .. _512;
+ * ours: the library's choice by shape).  ours_sl, quest_sl: ours and Quest with the select
  * writing the selected blocks' list and the chunk list for the attention
  * kernel (GPU_ATTN_SELECT_LIST; by default the select leaves the cut and
  * each attention CTA takes its window's blocks from the scores).  oscore
@@ -154,6 +154,18 @@ static int f_packed_512(const struct gpu_attn_args *a, const void *h, cudaStream
 {
 	struct gpu_attn_args b = *a;
 	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512;
+	return gpu_attend_packed(&b, h, s);
+}
+static int f_packed_64(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64;
+	return gpu_attend_packed(&b, h, s);
+}
+static int f_packed_128(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_128;
 	return gpu_attend_packed(&b, h, s);
 }
 static int f_packed_cc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
@@ -666,11 +678,11 @@ int main(int argc, char **argv)
 	RC(gpu_attn_ws_init(&amax, st));
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s | %9s %9s\n",
+	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
-	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_256",
-	       "ours_512", "ours_sl", "quest_sl");
+	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
+	       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
@@ -701,6 +713,8 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_pc = capture(f_packed_cc, &a, dheads);
 			cudaGraphExec_t g_psc = capture(f_packed_w, &a, dheads);
 			cudaGraphExec_t g_p3 = capture(f_packed_3, &a, dheads);
+			cudaGraphExec_t g_p64 = capture(f_packed_64, &a, dheads);
+			cudaGraphExec_t g_p128 = capture(f_packed_128, &a, dheads);
 			cudaGraphExec_t g_p256 = capture(f_packed_256, &a, dheads);
 			cudaGraphExec_t g_p512 = capture(f_packed_512, &a, dheads);
 			cudaGraphExec_t g_psl = capture(f_packed_sl, &a, dheads);
@@ -713,6 +727,7 @@ int main(int argc, char **argv)
 			double t_d = time_graph(g_d, 1), t_pc = time_graph(g_pc, 1);
 			double t_psc = time_graph(g_psc, 1), t_ps1 = time_graph(g_ps1, 1);
 			double t_psm = time_graph(g_psm, 1), t_p3 = time_graph(g_p3, 1);
+			double t_p64 = time_graph(g_p64, 1), t_p128 = time_graph(g_p128, 1);
 			double t_p256 = time_graph(g_p256, 1), t_p512 = time_graph(g_p512, 1);
 			double t_psl = time_graph(g_psl, 1), t_qsl = time_graph(g_qsl, 1);
 			/* the serving format's rows (same bytes, 2.5x the values) */
@@ -744,10 +759,11 @@ int main(int argc, char **argv)
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
 			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f "
-			       "%9.1f %9.1f | %9.1f %9.1f\n",
+			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
-			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p256, t_p512, t_psl, t_qsl);
+			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
+			       t_qsl);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -776,6 +792,8 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_pc);
 			cudaGraphExecDestroy(g_psc);
 			cudaGraphExecDestroy(g_p3);
+			cudaGraphExecDestroy(g_p64);
+			cudaGraphExecDestroy(g_p128);
 			cudaGraphExecDestroy(g_p256);
 			cudaGraphExecDestroy(g_p512);
 			cudaGraphExecDestroy(g_psl);
@@ -792,7 +810,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_256, ours_512 = ours with work chunks of 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST)\n", RQ);
 
 	if (once)
 		return 0;

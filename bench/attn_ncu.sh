@@ -1,6 +1,6 @@
 #!/bin/bash
 # Profile PackedAttention's attention kernel on the GPU machine (1M
-# tokens, batch 1, one step of ours and one of ours_q6) with Nsight
+# tokens unless NCU_CTX says, batch 1, one step of ours and one of ours_q6) with Nsight
 # Compute: the summary sections, then per SASS line the instructions
 # executed and the warp stall samples (the lines with the most samples).
 # Assumes bench/attn built in $B (bench/attn_device.sh or by hand).
@@ -14,7 +14,7 @@ timeout ${NCU_T:-300} ncu --clock-control none --kernel-name-base function \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
   --section SchedulerStats --section SourceCounters \
   --metrics smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__bytes_read.sum \
-  -o "$OUT/attn" -f $B/bench/attn --ctx 1048576 --batch 1 --once 1 > "$OUT/ncu_run.log" 2>&1
+  -o "$OUT/attn" -f $B/bench/attn --ctx ${NCU_CTX:-1048576} --batch 1 --once 1 > "$OUT/ncu_run.log" 2>&1
 echo "ncu rc=$?"
 ncu -i "$OUT/attn.ncu-rep" > "$OUT/ncu.txt" 2>&1
 grep -E "^  k_|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|inst_executed|bank_conflicts|dram__bytes|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Dynamic Shared" "$OUT/ncu.txt" | head -60

@@ -91,21 +91,41 @@ static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 enum ws_mode { WS_PACKED = 0, WS_QUEST = 1, WS_DENSE = 2 };
 
 /*
- * Blocks per work chunk (a CTA's share of one segment's selection), log2:
- * 256, or 512 where the step has blocks enough to fill the GPU many times
- * over.  A wider chunk halves the fixed work per selected block (the
- * queries' setup, the warps' merge, the partial and its note) but gives
- * half the CTAs (eighth session: 512 won 7 % at 1M tokens, batch 8, and
- * lost 4-25 % at batch 1).  GPU_ATTN_CHUNK_256 / _512 force one.
+ * Blocks per work chunk (a CTA's share of one segment's selection), log2.
+ * A wider chunk cuts the fixed work per selected block (the queries'
+ * setup, the warps' merge, the partial and its note) but gives fewer CTAs.
+ * 512 where the contexts together hold 2^20 blocks or more (eighth
+ * session: 7 % faster at 1M tokens, batch 8; 4-25 % slower at batch 1);
+ * below, the widest of 256, 128, 64 whose windows number at least three
+ * per SM, so that a small step still spreads over the GPU (sixteenth
+ * session, 1M-token H200 bench at 10 %: 32K batch 1 77.4 -> 64.7 µs with
+ * 64, 128K batch 1 96.0 -> 82.6 µs with 128; 256 stays best from 256K
+ * and at batch 8).  GPU_ATTN_CHUNK_64 .. _512 force one.
  */
 #define CHUNK_WIDE_BLOCKS (1u << 20) /* histories' blocks over all contexts */
+#define CHUNK_WINS_PER_SM 3
 static uint32_t chunk_lg(const struct gpu_attn_args *a)
 {
 	if (a->flags & GPU_ATTN_CHUNK_512)
 		return 9;
 	if (a->flags & GPU_ATTN_CHUNK_256)
 		return 8;
-	return (uint64_t)a->n_heads * a->max_blocks >= CHUNK_WIDE_BLOCKS ? 9 : 8;
+	if (a->flags & GPU_ATTN_CHUNK_128)
+		return 7;
+	if (a->flags & GPU_ATTN_CHUNK_64)
+		return 6;
+	uint64_t tot = (uint64_t)a->n_heads * a->max_blocks;
+	if (tot >= CHUNK_WIDE_BLOCKS)
+		return 9;
+	int dev = 0, nsm = 0;
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+	    nsm <= 0)
+		return 8;
+	uint32_t lg = 8;
+	while (lg > 6 && (tot >> lg) < (uint64_t)CHUNK_WINS_PER_SM * (uint64_t)nsm)
+		lg--;
+	return lg;
 }
 
 /*
@@ -179,9 +199,10 @@ size_t gpu_attn_ws_bytes(const struct gpu_attn_args *a)
 {
 	if (!a)
 		return 0;
-	/* the narrow chunks have the most slots: the size for either width */
+	/* the narrowest chunks have the most slots: the size for any width */
 	struct gpu_attn_args b = *a;
-	b.flags = (a->flags & ~GPU_ATTN_CHUNK_512) | GPU_ATTN_CHUNK_256;
+	b.flags = (a->flags & ~(GPU_ATTN_CHUNK_512 | GPU_ATTN_CHUNK_256 | GPU_ATTN_CHUNK_128)) |
+		  GPU_ATTN_CHUNK_64;
 	size_t m = 0;
 	for (int i = 0; i < 3; i++) {
 		struct ws_layout L = ws_plan(&b, (enum ws_mode)i);
@@ -874,7 +895,7 @@ __device__ __forceinline__ uint32_t block0_of(const struct sel_src &s, uint32_t 
 
 /* Chunk key of a selected block: segment and aligned window of 1 << @cwl
  * blocks.  A segment of ours has fewer than 256 windows (at most 8,192
- * blocks); Quest's one segment (si = 0) may have more, and its key is then
+ * blocks: 128 windows of the narrowest chunks, 64 blocks); Quest's one segment (si = 0) may have more, and its key is then
  * the window index alone: distinct windows, distinct keys either way. */
 __device__ __forceinline__ uint32_t chunk_key(uint32_t si, uint32_t i, uint32_t blk0,
 					      uint32_t cwl)

@@ -147,12 +147,17 @@ struct gpu_attn_args {
  * programmatic dependent launch (kept to compare; see pdl_begin). */
 #define GPU_ATTN_NO_PDL 64u
 /* Work chunks (a CTA's share: the selected blocks of one segment inside
- * one aligned window) of 256 or of 512 blocks.  Neither flag: chosen by
- * shape (512 once all contexts together hold 2^20 blocks or more, where
- * it measured faster on the H200; gpu/NOTES.md).  The scratch size does
- * not depend on them. */
+ * one aligned window) of 64, 128, 256 or 512 blocks.  No flag: chosen by
+ * shape and the GPU's SM count (chunk_lg in attn.cu: wide where the step
+ * has blocks enough to fill the GPU many times over, narrow where it has
+ * few; gpu/NOTES.md).
+ * The scratch size does not depend on them.  Narrow chunks assume what
+ * the library's segments keep: at most 8,192 blocks a segment (65,536
+ * tokens of b >= 8), so at most 128 windows of 64. */
 #define GPU_ATTN_CHUNK_256 128u
 #define GPU_ATTN_CHUNK_512 256u
+#define GPU_ATTN_CHUNK_64 1024u
+#define GPU_ATTN_CHUNK_128 2048u
 /* The step's select writes the selected blocks' list and the chunk list
  * (as gpu_score_select does), one more launch or pass, and the attention
  * kernel reads them.  By default that holds where all contexts together

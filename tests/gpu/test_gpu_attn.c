@@ -313,6 +313,28 @@ Test(gpu, packed_chunk512_unstaged, .timeout = 120)
 	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
 }
 
+/* Work chunks of 64 and 128 blocks (GPU_ATTN_CHUNK_64 / _128; by shape
+ * the library takes them where a step has few blocks): up to 118 chunks a
+ * segment, so k_segrot combines most segments' states through L2. */
+Test(gpu, packed_chunk64_long_segments_small, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64;
+	check_packed_rq(128, 8, 1, 1, 8, 0.6, 5, 80, 6);
+}
+Test(gpu, packed_chunk128_long_segments, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_CHUNK_128;
+	check_packed_rq(128, 4, 1, 1, 8, 0.6, 37, 32, 0);
+}
+Test(gpu, packed_chunk64_unstaged, .timeout = 120)
+{
+	g_seglen = 30000;
+	g_flags = GPU_ATTN_WALK | GPU_ATTN_CHUNK_64;
+	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
+}
+
 /* Staged rows of 32 bytes (bf16 r = 16) in 16-token sub-blocks: the stage
  * pads them to a stride of 48 bytes (st_rs), in both layouts. */
 Test(gpu, packed_small_r16_b16)
@@ -379,8 +401,13 @@ Test(gpu, ws_bytes_any_chunk_width)
 		size_t w256 = gpu_attn_ws_bytes(&a);
 		a.flags = GPU_ATTN_CHUNK_512;
 		size_t w512 = gpu_attn_ws_bytes(&a);
-		cr_assert(def > 0 && def == w256 && def == w512,
-			  "shape %zu: %zu / %zu / %zu bytes", i, def, w256, w512);
+		a.flags = GPU_ATTN_CHUNK_64;
+		size_t w64 = gpu_attn_ws_bytes(&a);
+		a.flags = GPU_ATTN_CHUNK_128;
+		size_t w128 = gpu_attn_ws_bytes(&a);
+		cr_assert(def > 0 && def == w256 && def == w512 && def == w64 && def == w128,
+			  "shape %zu: %zu / %zu / %zu / %zu / %zu bytes", i, def, w64, w128, w256,
+			  w512);
 		a.flags = 0;
 		a.max_buf_blocks = 0;
 		cr_assert(gpu_attn_ws_bytes(&a) <= def, "shape %zu: a buffer shrank the scratch", i);
@@ -1070,6 +1097,13 @@ Test(gpu, quest_b8_nq1) { check_dense(1, 128, 1, 8, 0.05); }
 Test(gpu, quest_chunk512)
 {
 	g_flags = GPU_ATTN_CHUNK_512;
+	check_dense(1, 128, 1, 8, 0.3);
+}
+
+/* and in chunks of 64 blocks (GPU_ATTN_CHUNK_64) */
+Test(gpu, quest_chunk64)
+{
+	g_flags = GPU_ATTN_CHUNK_64;
 	check_dense(1, 128, 1, 8, 0.3);
 }
 

@@ -454,6 +454,10 @@ Test(gpu, attention_covers_long_buffer_chunk512)
 {
 	check_covers_buffer(32, 0, 9000, 9216, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512);
 }
+Test(gpu, attention_covers_long_buffer_chunk64)
+{
+	check_covers_buffer(32, 0, 9000, 9216, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
+}
 
 /* A prefill's inputs: @nmat random n × d bf16 matrices (host @x, device
  * @dx), an encoder, and their covariances computed into @dcov (@dR: room
