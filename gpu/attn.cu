@@ -1830,9 +1830,9 @@ __device__ __forceinline__ void mark_empty(float *pml, int nq)
 
 /*
  * The blocks of [@a0, @a1) (at most 512) the select's cut takes
- * (sel_take), in block order, to @out: the CTA's own range of the sel
- * array, read back with ordinary loads after the barrier (never __ldg:
- * written in this kernel).  Returns the count (every thread; all 128
+ * (sel_take), in block order, to @out: shared memory (PackedAttention) or
+ * the CTA's own range of the sel array (Quest), read back with ordinary
+ * loads after the barrier (never __ldg: written in this kernel).  Returns the count (every thread; all 128
  * threads call it).  Why here and not in the select: a list and a chunk
  * list written by the select cost a launch (many-CTA select) or a pass
  * (one-CTA) and their reads; a window's scores are 1-2 KB in L2.
@@ -2366,6 +2366,11 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 		return false;
 	}
 	if (x < L.max_chunks && L.cut_only) { /* window x of the table qrot wrote */
+		/* its blocks in shared memory (read back at ~30 cycles; in the
+		 * sel array they cost an L2 round trip before the first fill
+		 * and a stall on each next block's index: 2.5 % of the stall
+		 * samples at 256K, batch 1) */
+		__shared__ uint32_t wlist[1u << 9];
 		const uint32_t *wd = WSP(uint32_t, L, wdesc, ws, hi);
 		const uint32_t *X = SELX(ws, hi);
 		uint32_t nwin = wd[L.max_chunks], e = x < nwin ? wd[x] : 0u;
@@ -2376,15 +2381,14 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 			*sgp = &H->segs[*si];
 			a0 = (*sgp)->block0 + ((e & 255u) << L.cwl);
 			uint32_t a1 = min(a0 + (1u << L.cwl), (*sgp)->block0 + (*sgp)->n_blocks);
-			n = window_take(WSP(float, L, scores, ws, hi), a0, a1, kstar, tmax,
-					WSP(uint32_t, L, sel, ws, hi) + a0);
+			n = window_take(WSP(float, L, scores, ws, hi), a0, a1, kstar, tmax, wlist);
 		}
 		if (n == 0) {
 			mark_empty(pml, NQ);
 			return false;
 		}
 		*cnt = n;
-		*list = WSP(uint32_t, L, sel, ws, hi) + a0;
+		*list = wlist;
 		return true;
 	}
 	if (x < L.max_chunks) {
