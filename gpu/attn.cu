@@ -2382,6 +2382,16 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 			a0 = (*sgp)->block0 + ((e & 255u) << L.cwl);
 			uint32_t a1 = min(a0 + (1u << L.cwl), (*sgp)->block0 + (*sgp)->n_blocks);
 			n = window_take(WSP(float, L, scores, ws, hi), a0, a1, kstar, tmax, wlist);
+			if (n == 0 && threadIdx.x == 0) {
+				/* an empty window still counts in its segment's
+				 * note: k_segrot combines slots xa .. xa + n - 1,
+				 * which holds only while a segment's counted slots
+				 * are consecutive (with a hole the last window's
+				 * partial was left rotated and merged as is) */
+				uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, *si);
+				atomicAdd(&note[0], 1u);
+				atomicMax(&note[1], ~x);
+			}
 		}
 		if (n == 0) {
 			mark_empty(pml, NQ);

@@ -127,6 +127,13 @@ void gu_encode_pair(const struct mkv_encode_opts *o, const uint16_t *k, const ui
 void gu_ctx_build(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
 		  const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o)
 {
+	gu_ctx_build_quiet(c, g, d, nseg, lens, win_n, o, 0, 0, 1.0f);
+}
+
+void gu_ctx_build_quiet(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
+			const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o,
+			size_t q0, size_t q1, float f)
+{
 	memset(c, 0, sizeof *c);
 	cr_assert(nseg <= 16);
 	c->d = d;
@@ -142,6 +149,8 @@ void gu_ctx_build(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
 	cr_assert(c->k && c->v);
 	gu_fill_kv(g, c->k, c->ntot, d);
 	gu_fill_kv(g, c->v, c->ntot, d);
+	for (size_t i = q0 * d; i < q1 * d && i < c->ntot * d; i++)
+		c->k[i] = gu_bf16(f * gu_f32(c->k[i]));
 	size_t off = 0;
 	for (uint32_t s = 0; s < nseg; s++) {
 		struct mkv_encode_opts e = *o;

@@ -70,6 +70,11 @@ void gu_encode_pair(const struct mkv_encode_opts *o, const uint16_t *k, const ui
 		    size_t n, struct mkv_segment **ks, struct mkv_segment **vs);
 void gu_ctx_build(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
 		  const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o);
+/* gu_ctx_build with the keys of tokens [@q0, @q1) scaled by @f before
+ * encoding (f small: blocks no selection takes). */
+void gu_ctx_build_quiet(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t nseg,
+			const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o,
+			size_t q0, size_t q1, float f);
 void gu_ctx_free(struct gu_ctx *c);
 /* gpu_head for the context (device pointers inside). */
 struct gpu_head gu_ctx_head(const struct gu_ctx *c);
