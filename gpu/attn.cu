@@ -3840,10 +3840,10 @@ __global__ void __launch_bounds__(128, SMALL ? 4 : 3)
  * combined into the lowest slot, rotated back once, the other slots
  * emptied (l = 0) for k_merge.  Grid (max_segs + 1, n_heads).
  */
-/* chunks of a segment k_segrot combines from registers, every load at once
- * (more: the L2 path); vdk <= D <= 128 = the CTA's threads.  Six CTAs per
- * SM (37 KB of shared memory each) at <= 80 registers: 3 × NQ × SR_U
- * values in registers at most 48. */
+/* chunks of a segment k_segrot loads at once (a batch); vdk <= D <= 128 =
+ * the CTA's threads.  Six CTAs per SM (37 KB of shared memory each) at <=
+ * 80 registers: 3 × NQ × SR_U values of a batch in registers, at most
+ * 48, and 3 × NQ running sums. */
 #define SR_U(NQ) ((NQ) <= 4 ? 4 : 2)
 
 template <int NQ, int D>
@@ -3875,76 +3875,65 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 	 * every load of a phase issued at once: a few L2 round trips in all */
 	const float2 *ml0 = (const float2 *)(pml0 + (size_t)xa * NQ * 2);
 	constexpr int U = SR_U(NQ);
-	if (n <= (uint32_t)U) {
-		/* a thread per channel, every head: all its chunks' (m, l) and
-		 * values loaded before any math (one L2 round trip; segments of
-		 * 16K tokens have 2-4 chunks), no barrier before the rotation
-		 * (the shared-memory version: three barriers, three round trips) */
-		uint32_t c = threadIdx.x;
-		if (c < vdk) {
+	/* a thread per channel, every head: the chunks U at a time, each
+	 * batch's (m, l) and values all loaded before any math (one L2 round
+	 * trip a batch; segments of 16K tokens have 2-4 chunks of 256 blocks,
+	 * 16 of 64), folded online (the running maximum rescales what came
+	 * before); no barrier before the rotation.  (Two passes over the
+	 * chunks, a loop of L2 loads each, cost 2n round trips: the narrow
+	 * chunks of small steps made that the long path.) */
+	uint32_t c = threadIdx.x;
+	if (c < vdk) {
+		float M[NQ], ll[NQ], o[NQ];
+#pragma unroll
+		for (int h = 0; h < NQ; h++) {
+			M[h] = -INFINITY;
+			ll[h] = 0.0f;
+			o[h] = 0.0f;
+		}
+		for (uint32_t x0 = 0; x0 < n; x0 += U) {
 			float2 ml[NQ][U];
 			float pv[NQ][U];
 #pragma unroll
 			for (int h = 0; h < NQ; h++)
 #pragma unroll
 				for (int u = 0; u < U; u++) {
-					bool ok = (uint32_t)u < n;
-					ml[h][u] = ok ? ml0[u * NQ + h] : make_float2(-INFINITY, 0.0f);
-					pv[h][u] = ok ? po0[((size_t)(xa + u) * NQ + h) * D + c] : 0.0f;
+					bool ok = x0 + u < n;
+					ml[h][u] = ok ? ml0[(x0 + u) * NQ + h]
+						      : make_float2(-INFINITY, 0.0f);
+					pv[h][u] = ok ? po0[((size_t)(xa + x0 + u) * NQ + h) * D + c]
+						      : 0.0f;
 				}
 #pragma unroll
 			for (int h = 0; h < NQ; h++) {
-				float M = -INFINITY, ll = 0.0f, o = 0.0f;
+				float mb = M[h];
 #pragma unroll
 				for (int u = 0; u < U; u++)
 					if (ml[h][u].y > 0.0f)
-						M = fmaxf(M, ml[h][u].x);
+						mb = fmaxf(mb, ml[h][u].x);
+				if (mb == -INFINITY) /* no slot with l > 0 yet */
+					continue;
+				float f0 = exp2f(M[h] - mb); /* 0 while M is -inf */
+				float oh = o[h] * f0, lh2 = ll[h] * f0;
 #pragma unroll
 				for (int u = 0; u < U; u++)
 					if (ml[h][u].y > 0.0f) {
-						float f = exp2f(ml[h][u].x - M);
-						o = fmaf(f, pv[h][u], o);
-						ll += f * ml[h][u].y;
+						float f = exp2f(ml[h][u].x - mb);
+						oh = fmaf(f, pv[h][u], oh);
+						lh2 += f * ml[h][u].y;
 					}
-				orot[c * 8 + h] = o;
-				if (c == 0) {
-					mh[h] = M;
-					lh[h] = ll;
-				}
+				M[h] = mb;
+				o[h] = oh;
+				ll[h] = lh2;
 			}
 		}
-	} else { /* more chunks: from L2, a pass for the maximum, one for the sums */
-		for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
-			uint32_t h = i / vdk, c = i % vdk;
-			float M = -INFINITY;
-			for (uint32_t x = 0; x < n; x++) {
-				float2 ml = ml0[x * NQ + h];
-				if (ml.y > 0.0f)
-					M = fmaxf(M, ml.x);
+#pragma unroll
+		for (int h = 0; h < NQ; h++) {
+			orot[c * 8 + h] = o[h];
+			if (c == 0) {
+				mh[h] = M[h];
+				lh[h] = ll[h];
 			}
-			float o = 0.0f;
-			for (uint32_t x = 0; x < n; x++) {
-				float2 ml = ml0[x * NQ + h];
-				if (ml.y > 0.0f)
-					o += exp2f(ml.x - M) * po0[((size_t)(xa + x) * NQ + h) * D + c];
-			}
-			orot[c * 8 + h] = o;
-		}
-		if (threadIdx.x < NQ) {
-			uint32_t h = threadIdx.x;
-			float M = -INFINITY, ll = 0.0f;
-			for (uint32_t x = 0; x < n; x++) {
-				float2 ml = ml0[x * NQ + h];
-				if (ml.y > 0.0f)
-					M = fmaxf(M, ml.x);
-			}
-			for (uint32_t x = 0; x < n; x++) {
-				float2 ml = ml0[x * NQ + h];
-				if (ml.y > 0.0f)
-					ll += exp2f(ml.x - M) * ml.y;
-			}
-			mh[h] = M;
-			lh[h] = ll;
 		}
 	}
 	cta_copy_wait();
