@@ -895,8 +895,9 @@ __device__ __forceinline__ uint32_t block0_of(const struct sel_src &s, uint32_t 
 
 /* Chunk key of a selected block: segment and aligned window of 1 << @cwl
  * blocks.  A segment of ours has fewer than 256 windows (at most 8,192
- * blocks: 128 windows of the narrowest chunks, 64 blocks); Quest's one segment (si = 0) may have more, and its key is then
- * the window index alone: distinct windows, distinct keys either way. */
+ * blocks: 128 windows of the narrowest chunks, 64 blocks); Quest's one
+ * segment (si = 0) may have more, and its key is then the window index
+ * alone: distinct windows, distinct keys either way. */
 __device__ __forceinline__ uint32_t chunk_key(uint32_t si, uint32_t i, uint32_t blk0,
 					      uint32_t cwl)
 {
@@ -1832,10 +1833,11 @@ __device__ __forceinline__ void mark_empty(float *pml, int nq)
  * The blocks of [@a0, @a1) (at most 512) the select's cut takes
  * (sel_take), in block order, to @out: shared memory (PackedAttention) or
  * the CTA's own range of the sel array (Quest), read back with ordinary
- * loads after the barrier (never __ldg: written in this kernel).  Returns the count (every thread; all 128
- * threads call it).  Why here and not in the select: a list and a chunk
- * list written by the select cost a launch (many-CTA select) or a pass
- * (one-CTA) and their reads; a window's scores are 1-2 KB in L2.
+ * loads after the barrier (never __ldg: written in this kernel).  Returns
+ * the count (every thread; all 128 threads call it).  Why here and not in
+ * the select: a list and a chunk list written by the select cost a launch
+ * (many-CTA select) or a pass (one-CTA) and their reads; a window's scores
+ * are 1-2 KB in L2.
  */
 __device__ uint32_t window_take(const float *scores, uint32_t a0, uint32_t a1,
 				uint32_t kstar, uint32_t tmax, uint32_t *out)
@@ -3871,8 +3873,8 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 		return;
 	}
 	float *po0 = WSP(float, L, part_o, ws, hi), *pml0 = WSP(float, L, part_ml, ws, hi);
-	/* the chunks are slots xa .. xa + n - 1 (a segment's are consecutive);
-	 * every load of a phase issued at once: a few L2 round trips in all */
+	/* the chunks are slots xa .. xa + n - 1: a segment's are consecutive
+	 * (its empty windows count too: packed_cta_work) */
 	const float2 *ml0 = (const float2 *)(pml0 + (size_t)xa * NQ * 2);
 	constexpr int U = SR_U(NQ);
 	/* a thread per channel, every head: the chunks U at a time, each

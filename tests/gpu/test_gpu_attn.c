@@ -410,9 +410,15 @@ static void check_quiet_window(uint32_t nblk, uint32_t lg, uint32_t flags)
 	for (uint32_t h = 0; h < H; h++)
 		gu_ctx_free(&c[h]);
 }
-Test(gpu, quiet_window_chunk64) { check_quiet_window(512, 6, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64); }
+Test(gpu, quiet_window_chunk64)
+{
+	check_quiet_window(512, 6, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
+}
 Test(gpu, quiet_window_chunk256) { check_quiet_window(2048, 8, GPU_ATTN_CHUNK_256); }
-Test(gpu, quiet_window_cuda_cores) { check_quiet_window(512, 6, GPU_ATTN_CUDA_CORES | GPU_ATTN_CHUNK_64); }
+Test(gpu, quiet_window_cuda_cores)
+{
+	check_quiet_window(512, 6, GPU_ATTN_CUDA_CORES | GPU_ATTN_CHUNK_64);
+}
 
 /* Staged rows of 32 bytes (bf16 r = 16) in 16-token sub-blocks: the stage
  * pads them to a stride of 48 bytes (st_rs), in both layouts. */
@@ -455,8 +461,8 @@ Test(gpu, score_select_upto_rejects)
 }
 
 /* The scratch size does not depend on the chunk width (gpu.cuh): the same
- * bytes with GPU_ATTN_CHUNK_256, _512 or neither, below and above the
- * width's threshold, and at least the size without an update buffer
+ * bytes with GPU_ATTN_CHUNK_64, _128, _256, _512 or none, below and above
+ * the wide width's threshold, and at least the size without an update buffer
  * (host only). */
 Test(gpu, ws_bytes_any_chunk_width)
 {
