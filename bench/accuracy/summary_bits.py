@@ -35,8 +35,9 @@ def bf16_down(x):
     return -bf16_up(-np.asarray(x, np.float32))
 
 
-def case(k, q, S, seg, b, win, frac):
-    """Selections (bf16, 8-bit) and their mass recalls for one KV head."""
+def block_scores(k, q, S, seg, b, win):
+    """Per history block, its score with bf16 summaries ([16]) and with
+    8-bit ones ([8]), segments of @seg tokens each with its own rotation."""
     n, d = k.shape
     nh = n - win
     scores = {16: [], 8: []}
@@ -56,6 +57,14 @@ def case(k, q, S, seg, b, win, frac):
             for tag, lo, hi in ((16, mn, mx), (8, np.floor(mn / sc) * sc, np.ceil(mx / sc) * sc)):
                 s = np.maximum(qr[:, :S] * lo, qr[:, :S] * hi).sum(1) + qperp * rest
                 scores[tag].append(s.max())
+    return scores
+
+
+def case(k, q, S, seg, b, win, frac):
+    """Selections (bf16, 8-bit) and their mass recalls for one KV head."""
+    n, d = k.shape
+    nh = n - win
+    scores = block_scores(k, q, S, seg, b, win)
     kk = max(1, int(round(frac * len(scores[16]))))
     logits = (q @ k.T) / np.sqrt(d)
     p = np.exp(logits - logits.max(1, keepdims=True))
