@@ -19,10 +19,11 @@
  * GPU_ATTN_SMALL_ROWS (the staged path in its general layout, three CTAs
  * per SM instead of four).  ours_64, ours_128, ours_256, ours_512: ours
  * with work chunks of 64 .. 512 blocks forced (GPU_ATTN_CHUNK_64 .. _512;
- * ours: the library's choice by shape).  ours_sl, quest_sl: ours and Quest with the select
- * writing the selected blocks' list and the chunk list for the attention
- * kernel (GPU_ATTN_SELECT_LIST; by default the select leaves the cut and
- * each attention CTA takes its window's blocks from the scores).  oscore
+ * ours: the library's choice by shape).  ours_sl, quest_sl: ours and
+ * Quest with the select writing the selected blocks' list and the chunk
+ * list for the attention kernel (GPU_ATTN_SELECT_LIST; by default the
+ * select leaves the cut and each attention CTA takes its window's blocks
+ * from the scores).  oscore
  * and qscore time gpu_score_select / gpu_quest_score_select, which write
  * the lists: the stage inside a step is shorter by that write.
  * os_1cta, os_many: ours' score+select stages (oscore) with the one-CTA
