@@ -1,0 +1,138 @@
+"""Per-vector top-r against structured (N:M) element selection, on captured
+SmolLM2 Q/K/V (capture.py).  A numpy model, not the library: per (prompt,
+layer, KV head) the history (all but the last --window tokens) is cut into
+--segment-token segments, each with its own PCA rotation of K and of V
+(eigenvectors of the segment's x^T x, descending); every rotated vector
+keeps r values by one of the rules below, is rotated back, and the last
+position's queries (the KV head's group) attend over all of the history so
+compressed plus the dense window.  Reports the output's relative error
+against exact attention, mean and worst over the cases.
+
+Why: the GPU kernel spends most of its time expanding bitmap-packed rows
+(gpu/NOTES.md).  A structured rule (N of every M channels) packs positions
+in a few bits per value at fixed offsets and, for N:M = 2:4, is what the
+tensor cores' sparse MMA (mma.sp) reads directly for K.  This measures what
+the structure costs in accuracy before any kernel is written.
+
+Rules, r = --r values per vector (d = 64 on SmolLM2-135M):
+  free@K   the r largest |x'_c| among the first K rotated channels (the
+           library's rule; K = d_keep)
+  first    the first r rotated channels (no selection, no positions)
+  N:M@K    groups of M consecutive channels over the first K, the N largest
+           of each (r = N K / M)
+  N:M@Ki   the same with the channels dealt to the groups by energy rank
+           (group j holds channels j, j + K/M, j + 2K/M, ...)
+
+    python3 capture.py --tokens 8000 --prompts 2 --out /tmp/captures
+    python3 structured_topr.py --captures /tmp/captures
+"""
+import argparse
+import glob
+
+import numpy as np
+
+
+def rotation(x):
+    """Rows: the eigenvectors of x^T x, largest eigenvalue first."""
+    _, vec = np.linalg.eigh(x.T @ x)
+    return vec[:, ::-1].T
+
+
+def keep_mask(xr, rule, r):
+    """Boolean mask (n x d) of the kept rotated elements under @rule."""
+    n, d = xr.shape
+    a = np.abs(xr)
+    m = np.zeros((n, d), bool)
+    if rule[0] == "free":
+        k = rule[1]
+        idx = np.argsort(-a[:, :k], axis=1, kind="stable")[:, :r]
+        np.put_along_axis(m, idx, True, axis=1)
+    elif rule[0] == "first":
+        m[:, :r] = True
+    else:  # ("nm", N, M, K, interleaved)
+        N, M, K, inter = rule[1:]
+        G = K // M
+        if inter:
+            cols = np.array([[j + G * t for t in range(M)] for j in range(G)])
+        else:
+            cols = np.arange(K).reshape(G, M)
+        for j in range(G):
+            sub = a[:, cols[j]]
+            idx = np.argsort(-sub, axis=1, kind="stable")[:, :N]
+            np.put_along_axis(m, cols[j][idx], True, axis=1)
+    return m
+
+
+def compress(x, seg, rule, r):
+    out = np.empty_like(x)
+    for s0 in range(0, len(x), seg):
+        xs = x[s0:s0 + seg]
+        R = rotation(xs)
+        xr = xs @ R.T
+        out[s0:s0 + seg] = np.where(keep_mask(xr, rule, r), xr, 0.0) @ R
+    return out
+
+
+def attend(q, k, v):
+    lg = q @ k.T / np.sqrt(q.shape[1])
+    p = np.exp(lg - lg.max(1, keepdims=True))
+    return (p / p.sum(1, keepdims=True)) @ v
+
+
+def rules_for(d, r):
+    dk = 3 * d // 4
+    out = [("free", dk), ("free", d), ("first",)]
+    for K in sorted({2 * r, dk, d}):
+        for M in (3, 4, 6, 8, 12, 16):
+            if K > d or K % M or (r * M) % K:
+                continue
+            N = r * M // K
+            if 0 < N < M:
+                out += [("nm", N, M, K, False), ("nm", N, M, K, True)]
+    return out
+
+
+def name(rule):
+    if rule[0] == "free":
+        return f"free@{rule[1]}"
+    if rule[0] == "first":
+        return "first"
+    return f"{rule[1]}:{rule[2]}@{rule[3]}{'i' if rule[4] else ''}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--captures", default="captures")
+    ap.add_argument("--segment", type=int, default=4096)
+    ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--r", type=int, default=16)
+    a = ap.parse_args()
+    errs = {}
+    for f in sorted(glob.glob(f"{a.captures}/qkv_*.npz")):
+        z = np.load(f)
+        Q, K, V = z["q"], z["k"], z["v"]
+        g = Q.shape[1] // K.shape[1]
+        d = K.shape[-1]
+        rules = rules_for(d, a.r)
+        for l in range(Q.shape[0]):
+            for h in range(K.shape[1]):
+                k = K[l, h].astype(np.float64)
+                v = V[l, h].astype(np.float64)
+                q = Q[l, h * g:(h + 1) * g].astype(np.float64)
+                nh = len(k) - a.window
+                o = attend(q, k, v)
+                for rule in rules:
+                    kc, vc = k.copy(), v.copy()
+                    kc[:nh] = compress(k[:nh], a.segment, rule, a.r)
+                    vc[:nh] = compress(v[:nh], a.segment, rule, a.r)
+                    e = np.linalg.norm(attend(q, kc, vc) - o) / np.linalg.norm(o)
+                    errs.setdefault(name(rule), []).append(e)
+    for n, e in errs.items():
+        e = np.array(e)
+        print(f"{n:10s} r={a.r}: output rel. error mean {e.mean():.4f}, median "
+              f"{np.median(e):.4f}, worst {e.max():.4f} ({len(e)} cases)")
+
+
+if __name__ == "__main__":
+    main()
