@@ -335,14 +335,14 @@ Test(gpu, packed_chunk64_unstaged, .timeout = 120)
 	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
 }
 
-/* A window no block of which is selected, between selected ones, in every
- * context: its CTA has nothing to attend, and the segment's other
+/* Blocks no selection takes, between selected ones, in every context: a
+ * window whose CTA has nothing to attend, while the segment's other
  * windows' partials must still all be combined and rotated back
- * (k_segrot takes a segment's slots as one run).  One segment of
- * @nblk blocks of 16 tokens, its keys quiet (scaled by 1e-3) in window 1
- * of 1 << @lg blocks; the window ahead of it and those behind it
- * selected. */
-static void check_quiet_window(uint32_t nblk, uint32_t lg, uint32_t flags)
+ * (k_segrot takes a segment's slots as one run), or a whole segment with
+ * nothing selected.  @nseg segments of @sblk blocks of 16 tokens, the
+ * keys of blocks [@qb0, @qb1) quiet (scaled by 1e-3); blocks before and
+ * after them selected. */
+static void check_quiet(uint32_t nseg, uint32_t sblk, uint32_t qb0, uint32_t qb1, uint32_t flags)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
@@ -354,24 +354,28 @@ static void check_quiet_window(uint32_t nblk, uint32_t lg, uint32_t flags)
 	enc_opts(&eo, d, 32, 1, b, 1);
 	struct gu_ctx c[MAXH];
 	uint32_t maxb = 0;
-	size_t len = (size_t)nblk * b, w = (size_t)b << lg;
+	size_t lens[4];
+	cr_assert(nseg <= 4);
+	for (uint32_t i = 0; i < nseg; i++)
+		lens[i] = (size_t)sblk * b;
 	for (uint32_t h = 0; h < H; h++) {
-		gu_ctx_build_quiet(&c[h], &rng, d, 1, &len, 0, &eo, w, 2 * w, 1e-3f);
+		gu_ctx_build_quiet(&c[h], &rng, d, nseg, lens, 0, &eo, (size_t)qb0 * b,
+				   (size_t)qb1 * b, 1e-3f);
 		maxb = c[h].n_blocks > maxb ? c[h].n_blocks : maxb;
 	}
 	struct run r;
 	run_init(&r, &rng, H, nq, d, frac);
 	g_flags = flags;
-	run_args(&r, 1, maxb, 0, 16);
+	run_args(&r, nseg, maxb, 0, 16);
 	upload_heads(&r, c);
 	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
 	run_fetch(&r);
-	/* the quiet window's blocks are not selected (else this tests nothing) */
+	/* the quiet blocks are not selected (else this tests nothing) */
 	struct run s;
 	run_init(&s, &rng, H, nq, d, frac);
 	memcpy(s.q, r.q, sizeof(float) * H * nq * d);
 	GU_CK(cudaMemcpy(s.dq, s.q, sizeof(float) * H * nq * d, cudaMemcpyHostToDevice));
-	run_args(&s, 1, maxb, 0, 16);
+	run_args(&s, nseg, maxb, 0, 16);
 	upload_heads(&s, c);
 	cr_assert_eq(gpu_score_select(&s.a, s.dheads, 0), 0);
 	GU_CK(cudaDeviceSynchronize());
@@ -385,21 +389,20 @@ static void check_quiet_window(uint32_t nblk, uint32_t lg, uint32_t flags)
 				 cudaMemcpyDeviceToHost));
 		uint32_t before = 0, in = 0, after = 0;
 		for (uint32_t i = 0; i < cnt[0]; i++) {
-			uint32_t wi = sel[i] >> lg;
-			before += wi == 0;
-			in += wi == 1;
-			after += wi >= 2;
+			before += sel[i] < qb0;
+			in += sel[i] >= qb0 && sel[i] < qb1;
+			after += sel[i] >= qb1;
 		}
 		free(sel);
 		cr_assert(in == 0 && before > 0 && after > 0,
 			  "seed %llu head %u: %u / %u / %u blocks selected before / in / after "
-			  "the quiet window", (unsigned long long)seed, h, before, in, after);
+			  "the quiet ones", (unsigned long long)seed, h, before, in, after);
 		float *ref = malloc(sizeof(float) * nq * d);
 		struct mkv_dense_kv wnd = {NULL, NULL, MKV_DTYPE_BF16, 0};
 		int rc = mkv_attend_packed(&ao, r.q + (size_t)h * nq * d,
 					   (const struct mkv_segment *const *)c[h].ks,
-					   (const struct mkv_segment *const *)c[h].vs, 1, &wnd, ref,
-					   NULL);
+					   (const struct mkv_segment *const *)c[h].vs, nseg, &wnd,
+					   ref, NULL);
 		cr_assert_eq(rc, 0);
 		double e = gu_rel_err(r.out + (size_t)h * nq * d, ref, (size_t)nq * d);
 		cr_assert(e < 2e-3, "seed %llu head %u: rel err %g", (unsigned long long)seed, h, e);
@@ -410,14 +413,20 @@ static void check_quiet_window(uint32_t nblk, uint32_t lg, uint32_t flags)
 	for (uint32_t h = 0; h < H; h++)
 		gu_ctx_free(&c[h]);
 }
+/* window 1 of one segment, in chunks of 64 and of 256 blocks */
 Test(gpu, quiet_window_chunk64)
 {
-	check_quiet_window(512, 6, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
+	check_quiet(1, 512, 64, 128, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
 }
-Test(gpu, quiet_window_chunk256) { check_quiet_window(2048, 8, GPU_ATTN_CHUNK_256); }
+Test(gpu, quiet_window_chunk256) { check_quiet(1, 2048, 256, 512, GPU_ATTN_CHUNK_256); }
 Test(gpu, quiet_window_cuda_cores)
 {
-	check_quiet_window(512, 6, GPU_ATTN_CUDA_CORES | GPU_ATTN_CHUNK_64);
+	check_quiet(1, 512, 64, 128, GPU_ATTN_CUDA_CORES | GPU_ATTN_CHUNK_64);
+}
+/* the middle one of three segments (every window of it empty) */
+Test(gpu, quiet_segment_chunk64)
+{
+	check_quiet(3, 256, 256, 512, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
 }
 
 /* Staged rows of 32 bytes (bf16 r = 16) in 16-token sub-blocks: the stage
