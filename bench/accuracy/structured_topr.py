@@ -27,9 +27,10 @@ Rules, r = --r values per vector (d = 64 on SmolLM2-135M):
     python3 structured_topr.py --captures /tmp/captures
 """
 import argparse
-import glob
 
 import numpy as np
+
+from summary_bits import captured_cases
 
 
 def rotation(x):
@@ -109,25 +110,15 @@ def main():
     ap.add_argument("--r", type=int, default=16)
     a = ap.parse_args()
     errs = {}
-    for f in sorted(glob.glob(f"{a.captures}/qkv_*.npz")):
-        z = np.load(f)
-        Q, K, V = z["q"], z["k"], z["v"]
-        g = Q.shape[1] // K.shape[1]
-        d = K.shape[-1]
-        rules = rules_for(d, a.r)
-        for l in range(Q.shape[0]):
-            for h in range(K.shape[1]):
-                k = K[l, h].astype(np.float64)
-                v = V[l, h].astype(np.float64)
-                q = Q[l, h * g:(h + 1) * g].astype(np.float64)
-                nh = len(k) - a.window
-                o = attend(q, k, v)
-                for rule in rules:
-                    kc, vc = k.copy(), v.copy()
-                    kc[:nh] = compress(k[:nh], a.segment, rule, a.r)
-                    vc[:nh] = compress(v[:nh], a.segment, rule, a.r)
-                    e = np.linalg.norm(attend(q, kc, vc) - o) / np.linalg.norm(o)
-                    errs.setdefault(name(rule), []).append(e)
+    for k, q, v in captured_cases(a.captures):
+        nh = len(k) - a.window
+        o = attend(q, k, v)
+        for rule in rules_for(k.shape[1], a.r):
+            kc, vc = k.copy(), v.copy()
+            kc[:nh] = compress(k[:nh], a.segment, rule, a.r)
+            vc[:nh] = compress(v[:nh], a.segment, rule, a.r)
+            e = np.linalg.norm(attend(q, kc, vc) - o) / np.linalg.norm(o)
+            errs.setdefault(name(rule), []).append(e)
     for n, e in errs.items():
         e = np.array(e)
         print(f"{n:10s} r={a.r}: output rel. error mean {e.mean():.4f}, median "

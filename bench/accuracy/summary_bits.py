@@ -60,6 +60,29 @@ def block_scores(k, q, S, seg, b, win):
     return scores
 
 
+def top_blocks(scores, frac):
+    """The selection: the top @frac of the blocks by score plus the sink
+    (block 0), ties to the lower index."""
+    s = np.array(scores, np.float64)
+    s[0] = np.inf  # the sink block
+    kk = max(1, int(round(frac * len(s))))
+    return set(np.argsort(-s, kind="stable")[:kk].tolist())
+
+
+def captured_cases(captures):
+    """(k, q, v) in float64 for every (prompt, layer, KV head) of the
+    captures in directory @captures: the head's keys and values (n x d)
+    and its GQA group's last-position queries (g x d)."""
+    for f in sorted(glob.glob(f"{captures}/qkv_*.npz")):
+        z = np.load(f)
+        Q, K, V = z["q"], z["k"], z["v"]
+        g = Q.shape[1] // K.shape[1]
+        for l in range(Q.shape[0]):
+            for h in range(K.shape[1]):
+                yield (K[l, h].astype(np.float64), Q[l, h * g:(h + 1) * g].astype(np.float64),
+                       V[l, h].astype(np.float64))
+
+
 def case(k, q, S, seg, b, win, frac):
     """Selections (bf16, 8-bit) and their mass recalls for one KV head."""
     n, d = k.shape
@@ -71,9 +94,7 @@ def case(k, q, S, seg, b, win, frac):
     p /= p.sum(1, keepdims=True)
     sel, rec = {}, {}
     for tag in (16, 8):
-        s = np.array(scores[tag])
-        s[0] = np.inf  # the sink block
-        sel[tag] = set(np.argsort(-s, kind="stable")[:kk].tolist())
+        sel[tag] = top_blocks(scores[tag], frac)
         m = np.zeros(n, bool)
         m[nh:] = True
         for j in sel[tag]:
@@ -91,15 +112,8 @@ def main():
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--frac", type=float, default=0.10)
     a = ap.parse_args()
-    rows = []
-    for f in sorted(glob.glob(f"{a.captures}/qkv_*.npz")):
-        z = np.load(f)
-        Q, K = z["q"], z["k"]
-        g = Q.shape[1] // K.shape[1]
-        for l in range(Q.shape[0]):
-            for h in range(K.shape[1]):
-                rows.append(case(K[l, h].astype(np.float64), Q[l, h * g:(h + 1) * g].astype(np.float64),
-                                 a.S, a.segment, 16, a.window, a.frac))
+    rows = [case(k, q, a.S, a.segment, 16, a.window, a.frac)
+            for k, q, _ in captured_cases(a.captures)]
     r = np.array(rows)
     print(f"S={a.S}: {len(r)} (prompt, layer, KV head) cases; blocks both select: mean "
           f"{r[:, 0].mean():.4f}, least {r[:, 0].min():.4f}; mass recall bf16 {r[:, 1].mean():.4f}, "

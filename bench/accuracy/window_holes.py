@@ -10,11 +10,8 @@ layer, KV head) the top --frac of the history blocks plus the sink.
     python3 window_holes.py --captures /tmp/captures --segment 4096 --chunk 64
 """
 import argparse
-import glob
 
-import numpy as np
-
-from summary_bits import block_scores
+from summary_bits import block_scores, captured_cases, top_blocks
 
 
 def holes(sel, nblk, seg_blocks, chunk):
@@ -45,24 +42,15 @@ def main():
     b = 16
     cases = {c: [0, 0, 0] for c in a.chunk}  # cases with a hole, holes, windows
     n = 0
-    for f in sorted(glob.glob(f"{a.captures}/qkv_*.npz")):
-        z = np.load(f)
-        Q, K = z["q"], z["k"]
-        g = Q.shape[1] // K.shape[1]
-        for l in range(Q.shape[0]):
-            for h in range(K.shape[1]):
-                k = K[l, h].astype(np.float64)
-                q = Q[l, h * g:(h + 1) * g].astype(np.float64)
-                s = np.array(block_scores(k, q, a.S, a.segment, b, a.window)[16])
-                s[0] = np.inf  # the sink block
-                kk = max(1, int(round(a.frac * len(s))))
-                sel = set(np.argsort(-s, kind="stable")[:kk].tolist())
-                n += 1
-                for c in a.chunk:
-                    nh, nw = holes(sel, len(s), a.segment // b, c)
-                    cases[c][0] += nh > 0
-                    cases[c][1] += nh
-                    cases[c][2] += nw
+    for k, q, _ in captured_cases(a.captures):
+        s = block_scores(k, q, a.S, a.segment, b, a.window)[16]
+        sel = top_blocks(s, a.frac)
+        n += 1
+        for c in a.chunk:
+            nh, nw = holes(sel, len(s), a.segment // b, c)
+            cases[c][0] += nh > 0
+            cases[c][1] += nh
+            cases[c][2] += nw
     for c in a.chunk:
         hc, nh, nw = cases[c]
         print(f"segments of {a.segment} tokens, chunks of {c} blocks: {hc} of {n} "
