@@ -30,13 +30,7 @@ import argparse
 
 import numpy as np
 
-from summary_bits import captured_cases
-
-
-def rotation(x):
-    """Rows: the eigenvectors of x^T x, largest eigenvalue first."""
-    _, vec = np.linalg.eigh(x.T @ x)
-    return vec[:, ::-1].T
+from summary_bits import captured_cases, rotation
 
 
 def keep_mask(xr, rule, r):

@@ -35,6 +35,13 @@ def bf16_down(x):
     return -bf16_up(-np.asarray(x, np.float32))
 
 
+def rotation(x):
+    """The segment's PCA rotation: rows are the eigenvectors of x^T x,
+    largest eigenvalue first."""
+    _, vec = np.linalg.eigh(x.T @ x)
+    return vec[:, ::-1].T
+
+
 def block_scores(k, q, S, seg, b, win):
     """Per history block, its score with bf16 summaries ([16]) and with
     8-bit ones ([8]), segments of @seg tokens each with its own rotation."""
@@ -43,8 +50,7 @@ def block_scores(k, q, S, seg, b, win):
     scores = {16: [], 8: []}
     for s0 in range(0, nh, seg):
         ks = k[s0:min(nh, s0 + seg)]
-        _, vec = np.linalg.eigh(ks.T @ ks)
-        R = vec[:, ::-1].T  # rows in descending eigenvalue order
+        R = rotation(ks)
         xr, qr = ks @ R.T, q @ R.T
         qperp = np.sqrt(np.maximum(0, (q * q).sum(1) - (qr[:, :S] ** 2).sum(1)))
         for j in range((len(ks) + b - 1) // b):
