@@ -408,8 +408,9 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
 			bool lead = lane + 32 * k < dk && ((lane + 32 * k) % g) == 0;
-			keep[k] = lead && eb[k] >= T;
-			if (!exact) {
+			if (exact) {
+				keep[k] = lead && eb[k] >= T;
+			} else {
 				uint32_t tb = __ballot_sync(0xffffffffu, lead && eb[k] == T);
 				keep[k] = lead && (eb[k] > T ||
 						   (eb[k] == T &&
@@ -826,6 +827,64 @@ static int enc_plan_of(const struct gpu_encode_args *a, struct enc_plan *p)
 	return 0;
 }
 
+/* Job @m of a layer's encode (m even: a head's K, odd: its V); for K also
+ * the head's segment view in a->segs. */
+static void enc_job(struct gpu_encoder *e, const struct gpu_encode_args *a,
+		    const struct enc_plan &p, uint32_t m, struct pack_job *j)
+{
+	uint32_t d = a->d, dk = p.dk;
+	char *base = (char *)a->dev + (m / 2) * p.per_pair;
+	int key = (m % 2) == 0;
+	uint16_t *rot = (uint16_t *)(base + (key ? p.k_rot : p.v_rot));
+	float *xr = e->xr + (size_t)m * a->n * dk;
+	j->x = a->x + (size_t)m * a->n * d;
+	j->R = rot;
+	j->xr = xr;
+	j->xc = e->xc + (size_t)m * a->n * dk;
+	j->val = (uint16_t *)(base + (key ? p.k_val : p.v_val));
+	j->bm = (uint32_t *)(base + (key ? p.k_bm : p.v_bm));
+	j->smin = key ? (uint16_t *)(base + p.s_min) : NULL;
+	j->smax = key ? (uint16_t *)(base + p.s_max) : NULL;
+	j->srest = key ? (uint16_t *)(base + p.s_rest) : NULL;
+	j->rest = NULL; /* k_pack_rot keeps each block's largest */
+	j->d = d;
+	j->vb = a->value_bits;
+	j->xs = NULL; /* k_pack_rot sums up x' + x Cᵀ itself */
+	j->xs_ld = 0;
+	j->tok0 = 0;
+	j->ntok = a->n;
+	j->dk = dk;
+	j->r = a->r;
+	j->g = a->g;
+	j->rs = p.rs;
+	j->bw = p.bw;
+	j->S = key ? a->S : 0;
+	j->b = a->b;
+	if (key) {
+		struct gpu_seg *sg = &a->segs[m / 2];
+		memset(sg, 0, sizeof *sg);
+		sg->k_val = j->val;
+		sg->k_bm = j->bm;
+		sg->k_rot = rot;
+		sg->s_min = j->smin;
+		sg->s_max = j->smax;
+		sg->s_rest = j->srest;
+		sg->k_vb = sg->v_vb = a->value_bits;
+		sg->v_val = (const uint16_t *)(base + p.v_val);
+		sg->v_bm = (const uint32_t *)(base + p.v_bm);
+		sg->v_rot = (const uint16_t *)(base + p.v_rot);
+		sg->n = a->n;
+		sg->b = a->b;
+		sg->n_blocks = p.nb;
+		sg->S = a->S;
+		sg->k_dk = sg->v_dk = dk;
+		sg->k_r = sg->v_r = a->r;
+		sg->k_g = sg->v_g = a->g;
+		sg->k_rs = sg->v_rs = p.rs;
+		sg->k_bw = sg->v_bw = p.bw;
+	}
+}
+
 size_t gpu_encode_pack_bytes(const struct gpu_encode_args *a)
 {
 	struct enc_plan p;
@@ -858,73 +917,13 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 	k_rot_bf16<<<dim3((dk * d + 255) / 256, a->nmat), 256, 0, s>>>(
 		a->R, (char *)a->dev, p.per_pair, p.k_rot, p.v_rot, e->rot, e->rf, e->cf, dk, d);
 	GPU_CKL();
-	struct pack_job *hj = (struct pack_job *)calloc(a->nmat, sizeof *hj);
-	if (!hj)
-		return -ENOMEM;
-	for (uint32_t m = 0; m < a->nmat; m++) {
-		char *base = (char *)a->dev + (m / 2) * p.per_pair;
-		int key = (m % 2) == 0;
-		uint16_t *rot = (uint16_t *)(base + (key ? p.k_rot : p.v_rot));
-		float *xr = e->xr + (size_t)m * a->n * dk;
-		struct pack_job *j = &hj[m];
-		j->x = a->x + (size_t)m * a->n * d;
-		j->R = rot;
-		j->xr = xr;
-		j->xc = e->xc + (size_t)m * a->n * dk;
-		j->val = (uint16_t *)(base + (key ? p.k_val : p.v_val));
-		j->bm = (uint32_t *)(base + (key ? p.k_bm : p.v_bm));
-		j->smin = key ? (uint16_t *)(base + p.s_min) : NULL;
-		j->smax = key ? (uint16_t *)(base + p.s_max) : NULL;
-		j->srest = key ? (uint16_t *)(base + p.s_rest) : NULL;
-		j->rest = NULL; /* k_pack_rot keeps each block's largest */
-		j->d = d;
-		j->vb = a->value_bits;
-		j->xs = NULL; /* k_pack_rot sums up x' + x Cᵀ itself */
-		j->xs_ld = 0;
-		j->tok0 = 0;
-		j->ntok = a->n;
-		j->dk = dk;
-		j->r = a->r;
-		j->g = a->g;
-		j->rs = p.rs;
-		j->bw = p.bw;
-		j->S = key ? a->S : 0;
-		j->b = a->b;
-		if (key) {
-			struct gpu_seg *sg = &a->segs[m / 2];
-			memset(sg, 0, sizeof *sg);
-			sg->k_val = j->val;
-			sg->k_bm = j->bm;
-			sg->k_rot = rot;
-			sg->s_min = j->smin;
-			sg->s_max = j->smax;
-			sg->s_rest = j->srest;
-			sg->k_vb = sg->v_vb = a->value_bits;
-			sg->v_val = (const uint16_t *)(base + p.v_val);
-			sg->v_bm = (const uint32_t *)(base + p.v_bm);
-			sg->v_rot = (const uint16_t *)(base + p.v_rot);
-			sg->n = a->n;
-			sg->b = a->b;
-			sg->n_blocks = p.nb;
-			sg->S = a->S;
-			sg->k_dk = sg->v_dk = dk;
-			sg->k_r = sg->v_r = a->r;
-			sg->k_g = sg->v_g = a->g;
-			sg->k_rs = sg->v_rs = p.rs;
-			sg->k_bw = sg->v_bw = p.bw;
-		}
-	}
 	/* x' = x Rᵀ on the tensor cores: column-major X'ᵀ (dk × n) = R (as
 	 * (Rᵀ)ᵀ, ld d) · Xᵀ (d × n, ld d); bf16 products are exact in fp32. */
-	if (cublasSetStream(e->blas, s) != CUBLAS_STATUS_SUCCESS) {
-		free(hj);
+	if (cublasSetStream(e->blas, s) != CUBLAS_STATUS_SUCCESS)
 		return -EIO;
-	}
 	int rc = enc_correction(e, a->nmat, dk, d, s);
-	if (rc) {
-		free(hj);
+	if (rc)
 		return rc;
-	}
 	/* then x Cᵀ the same way, into bf16 (it is ~2^-9 of x', so bf16 is
 	 * ample, and half the bytes of adding it into x' in fp32 in place);
 	 * the packing adds it: x' + x Cᵀ = x Pᵀ */
@@ -940,16 +939,15 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 			CUDA_R_16BF, (int)d, (long long)dk * d, a->x, CUDA_R_16BF, (int)d,
 			(long long)a->n * d, &zero, e->xc, CUDA_R_16BF, (int)dk,
 			(long long)a->n * dk, (int)a->nmat, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-	if (bs != CUBLAS_STATUS_SUCCESS) {
-		free(hj);
+	if (bs != CUBLAS_STATUS_SUCCESS)
 		return bs == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
-	}
 	/* jobs by value, PACK_JOBS a launch */
 	for (uint32_t m0 = 0; m0 < a->nmat; m0 += PACK_JOBS) {
 		uint32_t nj = a->nmat - m0 < PACK_JOBS ? a->nmat - m0 : PACK_JOBS;
 		struct pack_jobs pj;
 		memset(&pj, 0, sizeof pj);
-		memcpy(pj.j, hj + m0, nj * sizeof *hj);
+		for (uint32_t i = 0; i < nj; i++)
+			enc_job(e, a, p, m0 + i, &pj.j[i]);
 		dim3 grid((p.nb + 3) / 4, nj);
 		if (a->g == 1 && dk <= 96)
 			k_pack_rot<true, 3><<<grid, 128, 0, s>>>(pj);
@@ -958,11 +956,8 @@ int gpu_encode_pack(struct gpu_encoder *e, const struct gpu_encode_args *a, cuda
 		else
 			k_pack_rot<false, 4><<<grid, 128, 0, s>>>(pj);
 		cudaError_t ce = cudaGetLastError();
-		if (ce != cudaSuccess) {
-			free(hj);
+		if (ce != cudaSuccess)
 			return gpu_errno(ce);
-		}
 	}
-	free(hj);
 	return 0;
 }
