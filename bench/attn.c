@@ -281,6 +281,7 @@ struct slabs {
 	uint32_t *kbm, *vbm;
 	uint32_t *kbmq, *vbmq; /* RQ of DK bits set (ours_q6) */
 	uint16_t *srest;       /* remainder bounds (ours_q6) */
+	uint8_t *kpos, *vpos;  /* value positions of kbm, vbm (ours_pos) */
 	uint32_t seglen, maxseg;
 };
 
@@ -306,6 +307,10 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 	RC(gpu_synth_bf16(s->vval, N * RR, 0.5f, 0.0f, 2, st));
 	RC(gpu_synth_bitmaps(s->kbm, N, BW, DK, RR, 3, st));
 	RC(gpu_synth_bitmaps(s->vbm, N, BW, DK, RR, 4, st));
+	s->kpos = dalloc(N * GPU_POS_STRIDE(RR));
+	s->vpos = dalloc(N * GPU_POS_STRIDE(RR));
+	RC(gpu_seg_positions(s->kbm, BW, DK, RR, N, s->kpos, st));
+	RC(gpu_seg_positions(s->vbm, BW, DK, RR, N, s->vpos, st));
 	/* ours_q6 reads the value slabs as rows of RSQ units (the same
 	 * bytes): random fields, and random finite bf16 scales */
 	_Static_assert(RSQ == RR, "q6 rows reuse the bf16 value slabs");
@@ -328,10 +333,13 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 	CK(cudaStreamSynchronize(st));
 }
 
-/* Segment tables and heads for H contexts of L tokens. */
+/* Segment tables and heads for H contexts of L tokens: bf16 rows (mode
+ * 0), 6-bit rows (1: ours_q6), bf16 rows with value positions (2:
+ * ours_pos). */
 static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu_seg *dsegs,
-		       struct gpu_head *dheads, struct gpu_dense_head *ddense, int q6)
+		       struct gpu_head *dheads, struct gpu_dense_head *ddense, int mode)
 {
+	const int q6 = mode == 1;
 	uint32_t nseg = L / s->seglen;
 	struct gpu_seg *segs = calloc((size_t)H * nseg, sizeof *segs);
 	struct gpu_head *hh = calloc(H, sizeof *hh);
@@ -360,6 +368,10 @@ static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu
 			g->k_rs = g->v_rs = RR;
 			g->k_bw = g->v_bw = BW;
 			g->block0 = i * (s->seglen / BB);
+			if (mode == 2) {
+				g->k_pos = s->kpos + tok * GPU_POS_STRIDE(RR);
+				g->v_pos = s->vpos + tok * GPU_POS_STRIDE(RR);
+			}
 			if (q6) {
 				g->k_bm = s->kbmq + tok * BW;
 				g->v_bm = s->vbmq + tok * BW;
@@ -679,11 +691,11 @@ int main(int argc, char **argv)
 	RC(gpu_attn_ws_init(&amax, st));
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s\n",
+	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
 	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
-	       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl");
+	       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl", "ours_pos");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
@@ -703,6 +715,8 @@ int main(int argc, char **argv)
 				RC(f_dense(&a, ddense, st));
 				make_heads(&s, H, L, dsegs, dheads, ddense, 1);
 				RC(f_packed(&a, dheads, st)); /* ours_q6 */
+				make_heads(&s, H, L, dsegs, dheads, ddense, 2);
+				RC(f_packed(&a, dheads, st)); /* ours_pos */
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				CK(cudaStreamSynchronize(st));
 				continue;
@@ -741,6 +755,11 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_pq);
 			cudaGraphExecDestroy(g_pqs);
 			cudaGraphExecDestroy(g_pq3);
+			/* bf16 rows with value positions */
+			make_heads(&s, H, L, dsegs, dheads, ddense, 2);
+			cudaGraphExec_t g_pp = capture(f_packed, &a, dheads);
+			double t_pp = time_graph(g_pp, 1);
+			cudaGraphExecDestroy(g_pp);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			/* bytes the packed step must read: summaries, both rotations of
 			 * every segment, the selected blocks' packed K and V, the window */
@@ -760,11 +779,11 @@ int main(int argc, char **argv)
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
 			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f "
-			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f\n",
+			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
 			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
-			       t_qsl);
+			       t_qsl, t_pp);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -811,7 +830,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions)\n", RQ);
 
 	if (once)
 		return 0;

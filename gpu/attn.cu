@@ -3217,6 +3217,76 @@ __device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, u
 	asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+/*
+ * Value positions (gpu_seg's k_pos / v_pos; bf16 rows of the small layout
+ * only): the stage holds the K then the V positions (16 rows of at most
+ * 32 bytes each), then the K and V rows unpadded (at most 64 bytes).  A
+ * lane reads its row and its positions in 16-byte pieces, so where the
+ * aligned fill lays them out, piece m of row t goes to piece m ^
+ * st_swz(t, pieces a row): the eight rows of a quarter warp's load then
+ * cover all 32 banks (unswizzled, rows of 64 bytes put four lanes on the
+ * same banks).
+ */
+#define SP_KPOS 0u
+#define SP_VPOS 512u
+#define SP_KROW 1024u
+#define SP_VROW 2048u
+static_assert(sizeof(struct st_stage<ST_SMALL_ROWB>) >= SP_VROW + 1024u,
+	      "the positions' stage fits the small layout's");
+
+__host__ __device__ __forceinline__ uint32_t st_swz(uint32_t t, uint32_t np)
+{
+	return np == 2u || np == 4u ? ((t * np) >> 3) & (np - 1u) : 0u;
+}
+
+/* Tokens [t0, t0 + nt) of @sg (positions, bf16 rows of <= 64 bytes) into
+ * stage @S; one commit group.  Swizzled where @al16 and nt == 16. */
+__device__ __forceinline__ void st_fill_pos(const struct gpu_seg &sg, uint32_t t0, uint32_t nt,
+					    struct st_stage<ST_SMALL_ROWB> &S, int lane,
+					    bool al16)
+{
+	const uint32_t d = (uint32_t)__cvta_generic_to_shared(&S);
+	const uint32_t krb = sg.k_rs * 2, vrb = sg.v_rs * 2;
+	const uint32_t kpb = GPU_POS_STRIDE(sg.k_r), vpb = GPU_POS_STRIDE(sg.v_r);
+	const char *kr = (const char *)(sg.k_val + (size_t)t0 * sg.k_rs);
+	const char *vr = (const char *)(sg.v_val + (size_t)t0 * sg.v_rs);
+	const char *kp = (const char *)(sg.k_pos + (size_t)t0 * kpb);
+	const char *vp = (const char *)(sg.v_pos + (size_t)t0 * vpb);
+	if (al16 && nt == 16) {
+		/* four arrays of 16 rows: piece o / 16 of array a */
+#pragma unroll
+		for (int a = 0; a < 4; a++) {
+			const uint32_t rb = a == 0 ? kpb : a == 1 ? vpb : a == 2 ? krb : vrb;
+			const uint32_t dst = d + (a == 0 ? SP_KPOS : a == 1 ? SP_VPOS
+						 : a == 2 ? SP_KROW : SP_VROW);
+			const char *src = a == 0 ? kp : a == 1 ? vp : a == 2 ? kr : vr;
+			const uint32_t np = rb >> 4, lg = np == 4 ? 2 : np == 2 ? 1 : 0;
+#pragma unroll 1
+			for (uint32_t o = lane * 16; o < rb * 16; o += 512) {
+				uint32_t row = lg || np == 1 ? (o >> 4) >> lg : (o >> 4) / np;
+				uint32_t m = (o >> 4) - row * np;
+				uint32_t at = row * rb + ((m ^ st_swz(row, np)) << 4);
+				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + at),
+					     "l"(src + o)
+					     : "memory");
+			}
+		}
+		asm volatile("cp.async.commit_group;" ::: "memory");
+		return;
+	}
+	st_copy(d + SP_KROW, kr, nt * krb, lane);
+	st_copy(d + SP_VROW, vr, nt * vrb, lane);
+	st_copy(d + SP_KPOS, kp, nt * kpb, lane);
+	st_copy(d + SP_VPOS, vp, nt * vpb, lane);
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* One 16-bit shared store. */
+__device__ __forceinline__ void sts16(uint32_t a, uint32_t v)
+{
+	asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
+
 /* D = A B + D, m16n8k16, fp16 inputs, fp32 accumulators. */
 __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
 					uint32_t a3, uint32_t b0, uint32_t b1)
@@ -3368,7 +3438,7 @@ struct ststate {
 
 /* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
  * rows, expanded straight from the stage, bf16 products. */
-template <int NQ, int D, bool BF, int KC, int RB>
+template <int NQ, int D, bool BF, int KC, int RB, bool POS = false>
 __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al16,
 				       const struct st_stage<RB> &S, struct st_warp<KC, RB> &W,
 				       const uint2 (*qb)[KC][32], ststate<NQ, D, KC> &st)
@@ -3379,7 +3449,49 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 	int lane = threadIdx.x & 31, t = lane & 15, kv = lane >> 4;
 	int g = lane >> 2, tig = lane & 3;
 	/* ---- decode: this lane's vector into its tile row ---- */
-	{
+	if constexpr (POS) {
+		/* zero the row, then each value to its channel (st_fill_pos's
+		 * layout): ~4 instructions a stored value where the expansion
+		 * spends ~6 a channel.  Groups of 8 values; a group's padding
+		 * (r not a multiple of 8) holds value 0 at channel d_keep. */
+		const uint32_t sb = (uint32_t)__cvta_generic_to_shared(&S);
+		const uint32_t r = t < nt ? (kv ? sg.v_r : sg.k_r) : 0u;
+		const uint32_t rb = 2 * (kv ? sg.v_rs : sg.k_rs);
+		const uint32_t pb = kv ? GPU_POS_STRIDE(sg.v_r) : GPU_POS_STRIDE(sg.k_r);
+		const uint32_t rowa = sb + (kv ? SP_VROW : SP_KROW) + t * rb;
+		const uint32_t posa = sb + (kv ? SP_VPOS : SP_KPOS) + t * pb;
+		const uint32_t rk = pad ? st_swz(t, rb >> 4) : 0u;
+		const uint32_t pk = pad ? st_swz(t, pb >> 4) : 0u;
+		const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.v : W.k) + t * LDT);
+		/* every load first: the stores below are barriers to the compiler */
+		constexpr int NG = RB / 16;
+		uint4 v[NG];
+		uint2 p[NG];
+		const char *sp = (const char *)&S;
+#pragma unroll
+		for (int m = 0; m < NG; m++) {
+			if (8u * m < r) {
+				v[m] = *(const uint4 *)(sp + (rowa - sb) + ((m ^ rk) << 4));
+				p[m] = *(const uint2 *)(sp + (posa - sb) + (((m >> 1) ^ pk) << 4) +
+							 8 * (m & 1));
+			}
+		}
+#pragma unroll
+		for (int gi = 0; gi < 2 * KC; gi++)
+			sts128(trow + 16 * gi, 0u, 0u, 0u, 0u);
+#pragma unroll
+		for (int m = 0; m < NG; m++) {
+			if (8u * m >= r)
+				break;
+			const uint32_t vw[4] = {v[m].x, v[m].y, v[m].z, v[m].w};
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				uint32_t c = __byte_perm(e < 4 ? p[m].x : p[m].y, 0u, 0x4440u + (e & 3));
+				uint32_t x = (e & 1) ? vw[e >> 1] >> 16 : vw[e >> 1];
+				sts16(trow + 2 * c, x);
+			}
+		}
+	} else {
 		bool valid = t < nt;
 		uint32_t rs = kv ? sg.v_rs : sg.k_rs, bw = kv ? sg.v_bw : sg.k_bw;
 		uint32_t dk = kv ? sg.v_dk : sg.k_dk, vb = kv ? sg.v_vb : sg.k_vb;
@@ -3513,7 +3625,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
  * then tc_finish.  @qr: the segment's rotated queries (QR_ROWS × P).  BF:
  * both halves bf16 rows (st_sub).
  */
-template <int NQ, int D, bool BF, int KC = D / 16, int RB = ST_ROWB>
+template <int NQ, int D, bool BF, int KC = D / 16, int RB = ST_ROWB, bool POS = false>
 static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const uint32_t *list,
 					      uint32_t base_blk, uint32_t cnt, const float *qr,
 					      float scale2, float *po, float *pml,
@@ -3525,8 +3637,10 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	constexpr int LDT = st_warp<KC, RB>::LD;
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
 	const struct gpu_seg sg = *sgp;
-	const bool al16 = (((uintptr_t)sg.k_val | (uintptr_t)sg.v_val | (uintptr_t)sg.k_bm |
-			    (uintptr_t)sg.v_bm) & 15u) == 0;
+	static_assert(!POS || (BF && RB == ST_SMALL_ROWB), "positions: bf16 rows, small layout");
+	const bool al16 = (((uintptr_t)sg.k_val | (uintptr_t)sg.v_val |
+			    (POS ? (uintptr_t)sg.k_pos | (uintptr_t)sg.v_pos
+				 : (uintptr_t)sg.k_bm | (uintptr_t)sg.v_bm)) & 15u) == 0;
 	struct st_warp<KC, RB> &W = sm.w[w];
 	/* this warp's sub-blocks: blocks w, w + 4, ..., 16 tokens at a time;
 	 * the first token of its block after next is loaded a block ahead
@@ -3540,7 +3654,10 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	if (i < cnt) {
 		t = (list ? list[i] - sg.block0 : base_blk + i) * sg.b;
 		t1 = min(sg.n, t + sg.b);
-		st_fill(sg, t, min(16u, t1 - t), W.s[0], lane, al16);
+		if constexpr (POS)
+			st_fill_pos(sg, t, min(16u, t1 - t), W.s[0], lane, al16);
+		else
+			st_fill(sg, t, min(16u, t1 - t), W.s[0], lane, al16);
 		if (i + 4 < cnt)
 			nxt = (list ? list[i + 4] - sg.block0 : base_blk + i + 4) * sg.b;
 	}
@@ -3604,13 +3721,17 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 			}
 		}
 		if (ni < cnt) {
-			st_fill(sg, nt0, min(16u, nt1 - nt0), W.s[cur ^ 1], lane, al16);
+			if constexpr (POS)
+				st_fill_pos(sg, nt0, min(16u, nt1 - nt0), W.s[cur ^ 1], lane, al16);
+			else
+				st_fill(sg, nt0, min(16u, nt1 - nt0), W.s[cur ^ 1], lane, al16);
 			asm volatile("cp.async.wait_group 1;" ::: "memory");
 		} else {
 			asm volatile("cp.async.wait_group 0;" ::: "memory");
 		}
 		__syncwarp();
-		st_sub<NQ, D, BF, KC, RB>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb, st);
+		st_sub<NQ, D, BF, KC, RB, POS>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb,
+					       st);
 		i = ni;
 		t = nt0;
 		t1 = nt1;
@@ -3782,6 +3903,9 @@ __global__ void __launch_bounds__(128, SMALL ? 4 : 3)
 				pml[2 * threadIdx.x] = 0.0f;
 				pml[2 * threadIdx.x + 1] = 1.0f;
 			}
+		} else if (sg.k_vb == 0 && sg.v_vb == 0 && sg.k_pos && sg.v_pos) {
+			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB, true>(
+				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
 		} else if (sg.k_vb == 0 && sg.v_vb == 0) {
 			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB>(sgp, list, list ? 0 : b0, cnt,
 									  qr, scale2, po, pml, J);

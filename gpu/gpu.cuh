@@ -78,7 +78,21 @@ struct gpu_seg {
 	 * encoder's projection (mosaickv/linalg.c), and appends rotate by
 	 * R + C.  0: none (closed segments, which are never appended to). */
 	uint32_t rot_dl;
+	/* Optional, NULL where absent: each vector's value positions, r
+	 * bytes (the channels of its bitmap's set bits, increasing; past its
+	 * set bits and up to the stride: d_keep), vector i's at pos + i *
+	 * GPU_POS_STRIDE(r) (16-byte aligned); gpu_seg_positions fills them
+	 * from the bitmaps, which stay valid and are still read by every
+	 * other path.  Where both halves have them, are bf16 (vb 0) and the
+	 * step runs GPU_ATTN_SMALL_ROWS, PackedAttention scatters each value
+	 * to its channel instead of ranking every channel of the bitmap
+	 * (gpu/NOTES.md, "Value positions").  The caller owns them, as the
+	 * other arrays. */
+	const uint8_t *k_pos, *v_pos;
 };
+
+/* Bytes of one vector's positions in a gpu_seg's k_pos / v_pos. */
+#define GPU_POS_STRIDE(r) (((uint32_t)(r) + 15u) & ~15u)
 
 /* One (sequence, KV head) context: history segments, an optional update
  * buffer (a packed segment attended in full, not scored; its n lives on
@@ -255,6 +269,17 @@ GPU_HIDDEN size_t gpu_seg_bytes(const struct mkv_packed_view *k,
 GPU_HIDDEN int gpu_seg_upload(const struct mkv_packed_view *k,
 			      const struct mkv_packed_view *v, void *dev,
 			      struct gpu_seg *out);
+
+/*
+ * Value positions of @n vectors from their bitmaps (@bm: n × @bw words, as
+ * gpu_seg's k_bm; only channels below @dk count) into @pos (n ×
+ * GPU_POS_STRIDE(@r) bytes, device; see gpu_seg's k_pos): the first @r set
+ * bits of each vector, then dk up to the stride.  Asynchronous on @s.
+ * -EINVAL for NULL arrays, @pos not 16-byte aligned, n == 0, bw outside
+ * 1..4, dk > 32 bw or dk > 128, r == 0 or r > dk.
+ */
+GPU_HIDDEN int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r,
+				 uint64_t n, uint8_t *pos, cudaStream_t s);
 
 /* --- Sequence images (seqbuf.cu) --------------------------------------- */
 

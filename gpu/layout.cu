@@ -39,3 +39,45 @@ int gpu_seg_upload(const struct mkv_packed_view *k, const struct mkv_packed_view
 		*out = g;
 	return rc;
 }
+
+/* One thread a vector: its first r set bits below dk, in increasing
+ * order, then dk to the stride (a channel no product reads: the K tile's
+ * columns from d_keep meet zero queries, the V tile's feed accumulators
+ * nobody reads). */
+__global__ void k_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r,
+				uint32_t ps, uint64_t n, uint8_t *pos)
+{
+	uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= n)
+		return;
+	uint32_t out[32]; /* ps <= 128 bytes, as 32 words */
+	for (uint32_t k = 0; k < ps / 4; k++)
+		out[k] = dk * 0x01010101u;
+	uint32_t k = 0;
+	for (uint32_t w = 0; w < bw && k < r; w++) {
+		uint32_t x = bm[i * bw + w];
+		uint32_t lo = 32u * w;
+		x = dk >= lo + 32 ? x : dk > lo ? x & ((1u << (dk - lo)) - 1u) : 0u;
+		for (; x && k < r; k++, x &= x - 1u) {
+			uint32_t c = lo + (uint32_t)(__ffs(x) - 1);
+			uint32_t sh = 8u * (k & 3u);
+			out[k >> 2] = (out[k >> 2] & ~(0xffu << sh)) | (c << sh);
+		}
+	}
+	uint4 *dst = (uint4 *)(pos + i * ps);
+	for (uint32_t q = 0; q < ps / 16; q++)
+		dst[q] = make_uint4(out[4 * q], out[4 * q + 1], out[4 * q + 2], out[4 * q + 3]);
+}
+
+int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r, uint64_t n,
+		      uint8_t *pos, cudaStream_t s)
+{
+	if (!bm || !pos || n == 0 || bw < 1 || bw > 4 || dk > 32 * bw || dk > 128 || r == 0 ||
+	    r > dk || ((uintptr_t)pos & 15u))
+		return -EINVAL;
+	uint64_t nblk = (n + 255) / 256;
+	if (nblk > 0x7fffffffu)
+		return -EINVAL;
+	k_seg_positions<<<(uint32_t)nblk, 256, 0, s>>>(bm, bw, dk, r, GPU_POS_STRIDE(r), n, pos);
+	return gpu_errno(cudaGetLastError());
+}

@@ -174,12 +174,33 @@ void gu_ctx_build_quiet(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t
 	}
 }
 
+void gu_ctx_positions(struct gu_ctx *c, uint32_t mask)
+{
+	for (uint32_t s = 0; s < c->nseg; s++) {
+		struct gpu_seg *g = &c->segs[s];
+		if (!(mask >> s & 1u) || c->pos[s])
+			continue;
+		size_t kb = (size_t)g->n * GPU_POS_STRIDE(g->k_r);
+		size_t vb = (size_t)g->n * GPU_POS_STRIDE(g->v_r);
+		uint8_t *p = gu_dev(kb + vb);
+		cr_assert_eq(gpu_seg_positions(g->k_bm, g->k_bw, g->k_dk, g->k_r, g->n, p, 0), 0);
+		cr_assert_eq(gpu_seg_positions(g->v_bm, g->v_bw, g->v_dk, g->v_r, g->n, p + kb, 0),
+			     0);
+		c->pos[s] = p;
+		g->k_pos = p;
+		g->v_pos = p + kb;
+	}
+	cudaFree(c->dsegs);
+	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
+}
+
 void gu_ctx_free(struct gu_ctx *c)
 {
 	for (uint32_t s = 0; s < c->nseg; s++) {
 		mkv_segment_destroy(c->ks[s]);
 		mkv_segment_destroy(c->vs[s]);
 		cudaFree(c->dev[s]);
+		cudaFree(c->pos[s]);
 	}
 	cudaFree(c->dsegs);
 	cudaFree(c->dwin_k);

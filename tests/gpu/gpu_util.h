@@ -57,6 +57,7 @@ struct gu_ctx {
 	struct mkv_segment *ks[16], *vs[16];
 	size_t lens[16];
 	void *dev[16];      /* device storage of each segment */
+	void *pos[16];      /* value positions of each segment (gu_ctx_positions) */
 	struct gpu_seg segs[16];
 	struct gpu_seg *dsegs; /* device array */
 	uint16_t *dwin_k, *dwin_v;
@@ -76,6 +77,9 @@ void gu_ctx_build_quiet(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t
 			const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o,
 			size_t q0, size_t q1, float f);
 void gu_ctx_free(struct gu_ctx *c);
+/* Give segment s of @c value positions (gpu_seg_positions) where bit s of
+ * @mask is set; re-uploads the segment array. */
+void gu_ctx_positions(struct gu_ctx *c, uint32_t mask);
 /* gpu_head for the context (device pointers inside). */
 struct gpu_head gu_ctx_head(const struct gu_ctx *c);
 

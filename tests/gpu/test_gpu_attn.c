@@ -18,6 +18,7 @@
 #define MAXH 4
 
 static uint32_t g_flags; /* GPU_ATTN_* for the packed tests */
+static uint32_t g_pos;   /* segments given value positions (bit s: segment s) */
 static size_t g_seglen = 700; /* check_packed_rq's segments: g_seglen .. 2 g_seglen tokens */
 
 struct run {
@@ -127,6 +128,8 @@ static void build_ctxs(struct gu_ctx *c, uint32_t H, struct gu_rng *g, uint32_t 
 		gu_ctx_build(&c[h], g, d, nseg, lens, win ? win - h : 0, o);
 		if (c[h].n_blocks > *max_blocks)
 			*max_blocks = c[h].n_blocks;
+		if (g_pos)
+			gu_ctx_positions(&c[h], g_pos);
 	}
 }
 
@@ -362,6 +365,8 @@ static void check_quiet(uint32_t nseg, uint32_t sblk, uint32_t qb0, uint32_t qb1
 		gu_ctx_build_quiet(&c[h], &rng, d, nseg, lens, 0, &eo, (size_t)qb0 * b,
 				   (size_t)qb1 * b, 1e-3f);
 		maxb = c[h].n_blocks > maxb ? c[h].n_blocks : maxb;
+		if (g_pos)
+			gu_ctx_positions(&c[h], g_pos);
 	}
 	struct run r;
 	run_init(&r, &rng, H, nq, d, frac);
@@ -427,6 +432,131 @@ Test(gpu, quiet_window_cuda_cores)
 Test(gpu, quiet_segment_chunk64)
 {
 	check_quiet(3, 256, 256, 512, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
+}
+
+Test(gpu, quiet_window_positions)
+{
+	g_pos = ~0u;
+	check_quiet(1, 512, 64, 128, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
+}
+
+/* Value positions (gpu_seg_positions) against a host walk of the same
+ * bitmaps: bits at and past dk set too (ignored), rows with fewer than r
+ * bits (dk pads them), every bw and stride; bad arguments change nothing. */
+Test(gpu, positions_match_bitmaps)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const struct { uint32_t bw, dk, r; } f[] = {
+		{3, 96, 32}, {3, 96, 24}, {4, 128, 80}, {2, 48, 16}, {1, 20, 7}, {4, 100, 100},
+	};
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+		const uint32_t n = 1000 + gu_below(&rng, 500), bw = f[i].bw, dk = f[i].dk;
+		const uint32_t r = f[i].r, ps = GPU_POS_STRIDE(r);
+		uint32_t *bm = malloc((size_t)n * bw * 4);
+		uint8_t *want = malloc((size_t)n * ps), *got = malloc((size_t)n * ps);
+		for (uint32_t t = 0; t < n; t++) {
+			uint32_t *w = bm + (size_t)t * bw;
+			memset(w, 0, bw * 4);
+			uint32_t k = t % 7 == 3 ? gu_below(&rng, r) : r; /* some rows short */
+			for (uint32_t set = 0; set < k;) {
+				uint32_t c = gu_below(&rng, dk);
+				if (!(w[c / 32] >> (c % 32) & 1u)) {
+					w[c / 32] |= 1u << (c % 32);
+					set++;
+				}
+			}
+			for (uint32_t c = dk; c < 32 * bw; c++) /* junk past dk */
+				if (gu_below(&rng, 2))
+					w[c / 32] |= 1u << (c % 32);
+			uint8_t *o = want + (size_t)t * ps;
+			uint32_t j = 0;
+			for (uint32_t c = 0; c < dk && j < r; c++)
+				if (w[c / 32] >> (c % 32) & 1u)
+					o[j++] = (uint8_t)c;
+			for (; j < ps; j++)
+				o[j] = (uint8_t)dk;
+		}
+		uint32_t *dbm = gu_upload(bm, (size_t)n * bw * 4);
+		uint8_t *dpos = gu_dev((size_t)n * ps);
+		GU_CK(cudaMemset(dpos, 0xab, (size_t)n * ps));
+		cr_assert_eq(gpu_seg_positions(dbm, bw, dk, r, n, dpos, 0), 0);
+		GU_CK(cudaMemcpy(got, dpos, (size_t)n * ps, cudaMemcpyDeviceToHost));
+		for (uint32_t t = 0; t < n; t++)
+			cr_assert(memcmp(got + (size_t)t * ps, want + (size_t)t * ps, ps) == 0,
+				  "seed %llu format %zu vector %u: positions differ",
+				  (unsigned long long)seed, i, t);
+		/* bad arguments: -EINVAL, nothing written */
+		GU_CK(cudaMemset(dpos, 0xab, (size_t)n * ps));
+		cr_assert_eq(gpu_seg_positions(NULL, bw, dk, r, n, dpos, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_positions(dbm, bw, dk, r, n, NULL, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_positions(dbm, bw, dk, r, n, dpos + 8, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_positions(dbm, bw, dk, r, 0, dpos, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_positions(dbm, 0, dk, r, n, dpos, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_positions(dbm, 5, dk, r, n, dpos, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_positions(dbm, bw, 32 * bw + 1, r, n, dpos, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_positions(dbm, bw, dk, 0, n, dpos, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_positions(dbm, bw, dk, dk + 1, n, dpos, 0), -EINVAL);
+		GU_CK(cudaDeviceSynchronize());
+		GU_CK(cudaMemcpy(got, dpos, (size_t)n * ps, cudaMemcpyDeviceToHost));
+		for (size_t b = 0; b < (size_t)n * ps; b++)
+			cr_assert_eq(got[b], 0xab, "byte %zu written by a refused call", b);
+		cudaFree(dbm);
+		cudaFree(dpos);
+		free(bm);
+		free(want);
+		free(got);
+	}
+}
+
+/* PackedAttention with value positions (the small layout's scatter) against
+ * mkv_attend_packed: the bench's format, short rows (r = 16: 32-byte rows
+ * and 16-byte positions), r not a multiple of 8 (48-byte rows, unswizzled),
+ * positions on some segments only, long segments in narrow chunks; and
+ * where positions are ignored (6-bit rows; the general layout). */
+Test(gpu, packed_small_pos_llama_shape)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	g_pos = ~0u;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_small_pos_d64_b8)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	g_pos = ~0u;
+	check_packed_rq(64, 3, 1, 1, 8, 0.2, 30, 16, 0);
+}
+Test(gpu, packed_small_pos_r20_nq2)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	g_pos = ~0u;
+	check_packed_rq(128, 2, 1, 1, 16, 0.2, 5, 20, 0);
+}
+Test(gpu, packed_small_pos_mixed_nq8_b32)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	g_pos = 0x5u; /* segments 0 and 2 */
+	check_packed_rq(128, 8, 1, 1, 32, 0.15, 5, 24, 0);
+}
+Test(gpu, packed_small_pos_long_chunk64, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64;
+	g_pos = ~0u;
+	check_packed_rq(128, 8, 1, 1, 8, 0.6, 5, 32, 0);
+}
+Test(gpu, packed_small_pos_ignored_q6)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	g_pos = ~0u;
+	check_packed_rq(128, 4, 1, 1, 16, 0.1, 19, 80, 6);
+}
+Test(gpu, packed_pos_ignored_general_layout)
+{
+	g_pos = ~0u;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
 
 /* Staged rows of 32 bytes (bf16 r = 16) in 16-token sub-blocks: the stage
