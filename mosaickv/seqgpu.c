@@ -79,6 +79,7 @@ struct dlayer {
 struct seqgpu {
 	int dev;
 	uint32_t H, nq, d, window, layers, max_segment;
+	uint32_t positions; /* mkv_seq_opts.device_positions */
 	double frac;
 	cudaMemPool_t pool;
 	struct dlayer *L;
@@ -216,6 +217,7 @@ int seqgpu_create(int dev, const struct mkv_seq_opts *o, struct seqgpu **out)
 	g->layers = o->layers;
 	g->max_segment = o->max_segment;
 	g->frac = o->token_frac;
+	g->positions = o->device_positions;
 	int prev;
 	if (dev_enter(g, &prev))
 		goto off;
@@ -249,6 +251,18 @@ off:
 	return 0;
 }
 
+/* Bytes of value positions for a closed segment of these views
+ * (mkv_seq_opts.device_positions), 0 where it gets none: the formats the
+ * kernels' scatter takes (bf16 values, g 1, rows of <= 64 bytes). */
+static size_t pos_bytes(const struct seqgpu *g, const struct mkv_packed_view *k,
+			const struct mkv_packed_view *v, uint32_t cap)
+{
+	if (!g->positions || cap != k->n || k->value_bits || v->value_bits || k->g != 1 ||
+	    v->g != 1 || k->r > 32 || v->r > 32 || k->r == 0 || v->r == 0)
+		return 0;
+	return al256((size_t)cap * GPU_POS_STRIDE(k->r)) + al256((size_t)cap * GPU_POS_STRIDE(v->r));
+}
+
 /* Device copy of a K/V pair with room for @cap tokens; synchronous on this
  * thread's default stream. */
 static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
@@ -257,13 +271,14 @@ static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
 	cudaStream_t st = cudaStreamPerThread;
 	struct dseg *x = calloc(1, sizeof(*x));
 	size_t bytes = gpu_seg_cap_bytes(&k->v, &v->v, cap);
+	size_t pbytes = bytes ? pos_bytes(g, &k->v, &v->v, cap) : 0;
 	void *img = bytes ? malloc(bytes) : NULL;
 	int rc = -ENOMEM;
 	if (!x || !img) {
 		rc = bytes ? -ENOMEM : -EINVAL;
 		goto fail;
 	}
-	if ((rc = dalloc(g, &x->mem, bytes, st)))
+	if ((rc = dalloc(g, &x->mem, bytes + pbytes, st)))
 		goto fail;
 	/* An update buffer (growable segments) carries its projections, so
 	 * rows appended on the device are the ones the CPU would append. */
@@ -272,8 +287,21 @@ static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
 				     proj ? v->proj_f32 : NULL, cap, img, x->mem, &x->g)))
 		goto fail;
 	CK(cudaMemcpyAsync(x->mem, img, bytes, cudaMemcpyHostToDevice, st));
+	if (pbytes && x->g.n) {
+		/* from the bitmaps just copied, behind them on the stream */
+		uint8_t *kp = (uint8_t *)x->mem + bytes;
+		uint8_t *vp = kp + al256((size_t)cap * GPU_POS_STRIDE(x->g.k_r));
+		if ((rc = gpu_seg_positions(x->g.k_bm, x->g.k_bw, x->g.k_dk, x->g.k_r, x->g.n, kp,
+					    st)) ||
+		    (rc = gpu_seg_positions(x->g.v_bm, x->g.v_bw, x->g.v_dk, x->g.v_r, x->g.n, vp,
+					    st)))
+			goto fail;
+		x->g.k_pos = kp;
+		x->g.v_pos = vp;
+	}
 	CK(cudaStreamSynchronize(st));
 	free(img);
+	bytes += pbytes;
 	x->bytes = bytes;
 	x->cap = cap;
 	bytes_add(g, bytes);

@@ -55,6 +55,7 @@ static void seq_opts_defaults(struct mkv_seq_opts *o, size_t size)
 	o->summary_channels = 0;
 	o->refine = 0.0;
 	o->attend_threads = 1;
+	o->device_positions = 0;
 }
 
 /* Internal: summary_channels of a version-1 caller, "S = r". */
@@ -130,7 +131,7 @@ static bool seq_opts_valid(const struct mkv_seq_opts *o)
 			     o->r > dk || o->r % o->g || dk % o->g))
 		return false;
 	return o->lag_cap >= ((size_t)1 << 20) && o->staging_bytes > 0 &&
-	       o->attend_threads <= 64;
+	       o->attend_threads <= 64 && o->device_positions <= 1;
 }
 
 static void strat_free(struct strat *s)

@@ -436,6 +436,72 @@ static void small_opts(struct mkv_seq_opts *o, uint32_t layers)
 	o->window = 16;
 }
 
+/* Value positions (mkv_seq_opts.device_positions) on the bench's format
+ * (bf16 r = 32 of d_keep 96): the GPU attends give what they give without
+ * them (the scatter fills the very tiles the ranking fills), and the
+ * device holds the positions of every final segment (64 bytes a token: K
+ * and V, 32 each). */
+Test(gpu_seq, positions_same_output, .timeout = 300)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng g;
+	gu_rng_init(&g, seed);
+	struct data t;
+	const uint32_t L = 2, H = 2, G = 4, d = 128, n0 = 1200, steps = 40;
+	data_make(&t, &g, L, H, G, d, n0 + steps);
+	struct mkv_store *st = gpu_store();
+	struct mkv_seq_opts o;
+	small_opts(&o, L);
+	o.value_bits = 0;
+	o.r = 32;
+	o.drop = 1;
+	o.token_frac = 0.2;
+	struct mkv_seq *a, *b;
+	cr_assert_eq(mkv_seq_open(st, &o, 1, &a), 0);
+	o.device_positions = 2;
+	cr_assert_eq(mkv_seq_open(st, &o, 2, &b), -EINVAL, "device_positions 2 accepted");
+	o.device_positions = 1;
+	cr_assert_eq(mkv_seq_open(st, &o, 2, &b), 0);
+	prefill(a, &t, n0, 0);
+	prefill(b, &t, n0, 0);
+	for (uint32_t i = n0; i < n0 + steps; i++) {
+		append(a, &t, i);
+		append(b, &t, i);
+	}
+	struct mkv_seq_stats sa = {.size = sizeof sa}, sb = {.size = sizeof sb};
+	cr_assert_eq(mkv_seq_get_stats(a, &sa), 0);
+	cr_assert_eq(mkv_seq_get_stats(b, &sb), 0);
+	cr_assert(sa.on_device && sb.on_device);
+	/* the prefill's four full segments of 256 tokens are final */
+	uint64_t want = (uint64_t)4 * 256 * L * H * 64;
+	cr_assert(sb.device_bytes >= sa.device_bytes + want,
+		  "device bytes %llu with positions, %llu without: want %llu more",
+		  (unsigned long long)sb.device_bytes, (unsigned long long)sa.device_bytes,
+		  (unsigned long long)want);
+	cudaStream_t X;
+	GU_CK(cudaStreamCreateWithFlags(&X, cudaStreamNonBlocking));
+	size_t qn = (size_t)H * G * d;
+	float *q = malloc(4 * qn), *oa = malloc(4 * qn), *ob = malloc(4 * qn);
+	for (uint32_t l = 0; l < L; l++) {
+		for (size_t j = 0; j < qn; j++)
+			q[j] = (float)(0.5 * gu_normal(&g));
+		cr_assert_eq(mkv_seq_attend(a, l, q, oa, X), 0);
+		cr_assert_eq(mkv_seq_attend(b, l, q, ob, X), 0);
+		double e = gu_rel_err(ob, oa, qn);
+		cr_assert(e <= 1e-6, "seed %llu layer %u: with positions vs without: %g",
+			  (unsigned long long)seed, l, e);
+	}
+	GU_CK(cudaStreamDestroy(X));
+	free(q);
+	free(oa);
+	free(ob);
+	cr_assert_eq(mkv_seq_close(a), 0);
+	cr_assert_eq(mkv_seq_close(b), 0);
+	mkv_store_destroy(st);
+	data_free(&t);
+}
+
 /* Prefill from device memory gives the same sequence as from the host. */
 Test(gpu_seq, prefill_from_device_memory, .timeout = 300)
 {

@@ -477,6 +477,12 @@ Test(sequence, attend_threads_change_nothing_but_time, .timeout = 120)
 	struct mkv_seq *bad = NULL;
 	cr_assert_eq(mkv_seq_open(st, &o, 49, &bad), -EINVAL);
 	cr_assert_null(bad);
+	/* version 5: device_positions is 0 by default, 0 or 1 */
+	mkv_seq_opts_init(&o, sizeof o);
+	cr_assert_eq(o.device_positions, 0);
+	o.device_positions = 2;
+	cr_assert_eq(mkv_seq_open(st, &o, 49, &bad), -EINVAL);
+	cr_assert_null(bad);
 	mkv_store_destroy(st);
 	free(t.k);
 	free(t.v);
