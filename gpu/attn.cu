@@ -3252,6 +3252,32 @@ __device__ __forceinline__ void st_fill_pos(const struct gpu_seg &sg, uint32_t t
 	const char *vr = (const char *)(sg.v_val + (size_t)t0 * sg.v_rs);
 	const char *kp = (const char *)(sg.k_pos + (size_t)t0 * kpb);
 	const char *vp = (const char *)(sg.v_pos + (size_t)t0 * vpb);
+	if (al16 && nt == 16 && krb == 64 && vrb == 64 && kpb == 32 && vpb == 32) {
+		/* the bench's rows (bf16 r 25..32): 64 + 32 pieces of 16 bytes
+		 * a half, three a lane, their places fixed (the loop below
+		 * spent ~15 % of the kernel's instructions on them) */
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const uint32_t q = lane + 32 * i, row = q >> 2, m = q & 3;
+			const uint32_t at = row * 64 + ((m ^ ((row >> 1) & 3)) << 4);
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+					     d + SP_KROW + at), "l"(kr + 16 * q)
+				     : "memory");
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+					     d + SP_VROW + at), "l"(vr + 16 * q)
+				     : "memory");
+		}
+		const uint32_t row = lane >> 1, m = lane & 1;
+		const uint32_t at = row * 32 + ((m ^ ((row >> 2) & 1)) << 4);
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + SP_KPOS + at),
+			     "l"(kp + 16 * lane)
+			     : "memory");
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + SP_VPOS + at),
+			     "l"(vp + 16 * lane)
+			     : "memory");
+		asm volatile("cp.async.commit_group;" ::: "memory");
+		return;
+	}
 	if (al16 && nt == 16) {
 		/* four arrays of 16 rows: piece o / 16 of array a */
 #pragma unroll
@@ -3893,7 +3919,10 @@ __global__ void __launch_bounds__(128, SMALL ? 4 : 3)
 	/* the chunk's state stays rotated: k_segrot rotates back, R_v into L2
 	 * for it meanwhile */
 	const struct seg_note J = {SEGNOTE(ws, L, gridDim.y, hi, si), x};
-	prefetch_l2(sg.v_rot, sg.v_dk * D * 2);
+	/* a line a thread, not a line a lane of every warp (4x the prefetches:
+	 * 2.6 % of the stall samples at 1M) */
+	for (uint32_t o = threadIdx.x * 128; o < sg.v_dk * D * 2; o += blockDim.x * 128)
+		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)sg.v_rot + o));
 	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
 	if constexpr (SMALL) {
 		if (!st_small_ok(sg, D)) {
