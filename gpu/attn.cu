@@ -2275,21 +2275,29 @@ static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const
 	 * trip per 16 bytes: ncu, 8 % of the staged kernel's stall samples) */
 	if (load_rv && !N)
 		cta_copy_async(rv, sg.v_rot, vdk * D * 2);
-	for (uint32_t i = threadIdx.x; i < NQ * vdk; i += blockDim.x) {
-		uint32_t h = i / vdk, c = i % vdk;
+	/* a head at a time: its warps' weights once, no division by vdk (it
+	 * was 3 % of the staged kernel's instructions at 1M tokens) */
+	for (uint32_t h = 0; h < NQ; h++) {
 		float M = -INFINITY;
 		for (int ww = 0; ww < 4; ww++)
 			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		float o = 0.0f;
+		float f[4];
+		bool live[4];
 		for (int ww = 0; ww < 4; ww++) {
 			float mw = sml[(ww * NQ + h) * 2];
-			if (mw != -INFINITY)
-				o += exp2f(mw - M) * sacc[(ww * NQ + h) * GPU_MAX_D + c];
+			live[ww] = mw != -INFINITY;
+			f[ww] = live[ww] ? exp2f(mw - M) : 0.0f;
 		}
-		if (N)
-			po[h * D + c] = o;
-		else
-			orot[c * 8 + h] = o;
+		for (uint32_t c = threadIdx.x; c < vdk; c += blockDim.x) {
+			float o = 0.0f;
+			for (int ww = 0; ww < 4; ww++)
+				if (live[ww])
+					o += f[ww] * sacc[(ww * NQ + h) * GPU_MAX_D + c];
+			if (N)
+				po[h * D + c] = o;
+			else
+				orot[c * 8 + h] = o;
+		}
 	}
 	if (threadIdx.x < NQ) {
 		int h = threadIdx.x;
@@ -3464,10 +3472,33 @@ struct ststate {
 
 /* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
  * rows, expanded straight from the stage, bf16 products. */
+/* A lane's constants of the positions' scatter, set once a CTA (in the
+ * sub-block loop they were ~5 % of the kernel's instructions): its
+ * vector's r, its row and positions in a stage (byte offsets) and their
+ * swizzle keys where the aligned fill laid them out. */
+struct pos_lane {
+	uint32_t r, row, pos, rk, pk;
+};
+
+__device__ __forceinline__ struct pos_lane pos_lane_of(const struct gpu_seg &sg, int lane)
+{
+	const uint32_t t = lane & 15, kv = lane >> 4;
+	const uint32_t rb = 2 * (kv ? sg.v_rs : sg.k_rs);
+	const uint32_t pb = kv ? GPU_POS_STRIDE(sg.v_r) : GPU_POS_STRIDE(sg.k_r);
+	struct pos_lane pl;
+	pl.r = kv ? sg.v_r : sg.k_r;
+	pl.row = (kv ? SP_VROW : SP_KROW) + t * rb;
+	pl.pos = (kv ? SP_VPOS : SP_KPOS) + t * pb;
+	pl.rk = st_swz(t, rb >> 4);
+	pl.pk = st_swz(t, pb >> 4);
+	return pl;
+}
+
 template <int NQ, int D, bool BF, int KC, int RB, bool POS = false>
 __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al16,
 				       const struct st_stage<RB> &S, struct st_warp<KC, RB> &W,
-				       const uint2 (*qb)[KC][32], ststate<NQ, D, KC> &st)
+				       const uint2 (*qb)[KC][32], ststate<NQ, D, KC> &st,
+				       const struct pos_lane &pl)
 {
 	const bool pad = al16 && nt == 16; /* as st_fill laid the stage out */
 	constexpr int LDT = st_warp<KC, RB>::LD;
@@ -3480,14 +3511,8 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 		 * layout): ~4 instructions a stored value where the expansion
 		 * spends ~6 a channel.  Groups of 8 values; a group's padding
 		 * (r not a multiple of 8) holds value 0 at channel d_keep. */
-		const uint32_t sb = (uint32_t)__cvta_generic_to_shared(&S);
-		const uint32_t r = t < nt ? (kv ? sg.v_r : sg.k_r) : 0u;
-		const uint32_t rb = 2 * (kv ? sg.v_rs : sg.k_rs);
-		const uint32_t pb = kv ? GPU_POS_STRIDE(sg.v_r) : GPU_POS_STRIDE(sg.k_r);
-		const uint32_t rowa = sb + (kv ? SP_VROW : SP_KROW) + t * rb;
-		const uint32_t posa = sb + (kv ? SP_VPOS : SP_KPOS) + t * pb;
-		const uint32_t rk = pad ? st_swz(t, rb >> 4) : 0u;
-		const uint32_t pk = pad ? st_swz(t, pb >> 4) : 0u;
+		const uint32_t r = t < nt ? pl.r : 0u;
+		const uint32_t rk = pad ? pl.rk : 0u, pk = pad ? pl.pk : 0u;
 		const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.v : W.k) + t * LDT);
 		/* every load first: the stores below are barriers to the compiler */
 		constexpr int NG = RB / 16;
@@ -3497,8 +3522,8 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 #pragma unroll
 		for (int m = 0; m < NG; m++) {
 			if (8u * m < r) {
-				v[m] = *(const uint4 *)(sp + (rowa - sb) + ((m ^ rk) << 4));
-				p[m] = *(const uint2 *)(sp + (posa - sb) + (((m >> 1) ^ pk) << 4) +
+				v[m] = *(const uint4 *)(sp + pl.row + ((m ^ rk) << 4));
+				p[m] = *(const uint2 *)(sp + pl.pos + (((m >> 1) ^ pk) << 4) +
 							 8 * (m & 1));
 			}
 		}
@@ -3725,6 +3750,9 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	for (uint32_t i = lane; i < 2 * 16 * LDT / 8; i += 32)
 		((uint4 *)W.k)[i] = make_uint4(0, 0, 0, 0);
 	ststate<NQ, D, KC> st;
+	struct pos_lane pl = {0u, 0u, 0u, 0u, 0u};
+	if constexpr (POS)
+		pl = pos_lane_of(sg, lane);
 #pragma unroll
 	for (int u = 0; u < NU; u++) {
 #pragma unroll
@@ -3757,7 +3785,7 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 		}
 		__syncwarp();
 		st_sub<NQ, D, BF, KC, RB, POS>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb,
-					       st);
+					       st, pl);
 		i = ni;
 		t = nt0;
 		t1 = nt1;
