@@ -139,6 +139,21 @@ def main():
         check(False, "refine=0.5 accepted")
     except mkv.MosaicError as e:
         check(e.errno == 22, "refine=0.5 gives EINVAL")
+    # device_positions reaches the library (version 5 of the options):
+    # accepted, the same output (on the CPU path it changes nothing), and
+    # a value out of range refused
+    seq3 = Sequence(st, 82, layers=1, kv_heads=H, q_per_kv=G, d=d, r=d, token_frac=frac,
+                    refine=1 / frac, store_dtype="f32", value_bits=0, prefill_segment=128,
+                    min_segment=16, window=w, device_positions=True)
+    seq3.prefill(0, k, v)
+    seq3.sync()
+    check(np.array_equal(seq3.attend(0, q), out), "device_positions=True: the same output")
+    seq3.close()
+    try:
+        Sequence(st, 83, layers=1, kv_heads=H, q_per_kv=G, d=d, device_positions=2)
+        check(False, "device_positions=2 accepted")
+    except mkv.MosaicError as e:
+        check(e.errno == 22, "device_positions=2 gives EINVAL")
     st.close()
     # Offload and prefetch at the default compression: the offloaded
     # layer attends to the same output from pinned host memory, and the
