@@ -83,7 +83,8 @@ struct gpu_seg {
 	 * set bits and up to the stride: d_keep), vector i's at pos + i *
 	 * GPU_POS_STRIDE(r) (16-byte aligned); gpu_seg_positions fills them
 	 * from the bitmaps, which stay valid and are still read by every
-	 * other path.  Where both halves have them, are bf16 (vb 0) and the
+	 * other path, and gpu_append writes them for the rows it appends to
+	 * a buffer that has them (g == 1).  Where both halves have them, are bf16 (vb 0) and the
 	 * step runs GPU_ATTN_SMALL_ROWS, PackedAttention scatters each value
 	 * to its channel instead of ranking every channel of the bitmap
 	 * (gpu/NOTES.md, "Value positions").  The caller owns them, as the

@@ -26,6 +26,8 @@ struct pack_job {
 	const uint16_t *xc; /* prefill: bf16 x Cᵀ to add to xr (same layout), or NULL */
 	uint32_t tok0, ntok, dk, r, g, rs, bw, S, b, xs_ld;
 	uint32_t d, vb;    /* head dim; value bits (0: bf16 rows) */
+	uint8_t *pos;      /* value positions (token 0; gpu_seg k_pos), or NULL;
+			    * written for g == 1 only */
 };
 
 /*
@@ -73,6 +75,18 @@ __device__ __forceinline__ void pack_write(const struct pack_job &J, size_t tok,
 {
 	if (lane < (int)J.bw)
 		J.bm[tok * J.bw + lane] = lane == 0 ? W[0] : lane == 1 ? W[1] : lane == 2 ? W[2] : W[3];
+	if (J.pos && J.g == 1) {
+		/* as gpu_seg_positions would find them in the bitmap just
+		 * written: value i's channel, then d_keep to the stride */
+		const uint32_t ps = GPU_POS_STRIDE(J.r);
+		uint8_t *pp = J.pos + tok * ps;
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			if (kidx[k] >= 0)
+				pp[kidx[k]] = (uint8_t)(lane + 32 * k);
+		for (uint32_t sl = J.r + lane; sl < ps; sl += 32)
+			pp[sl] = (uint8_t)J.dk;
+	}
 	if (!J.vb) {
 		uint16_t *out = J.val + tok * J.rs;
 #pragma unroll
@@ -508,6 +522,7 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	k.xc = NULL;
 	k.d = d;
 	k.vb = B.k_vb;
+	k.pos = (uint8_t *)B.k_pos;
 	v = k;
 	v.x = vn + (size_t)i * n_new * d;
 	v.R = B.v_rot;
@@ -518,6 +533,7 @@ __global__ void k_append_setup(struct gpu_seg *bufs, const uint32_t *cap, uint32
 	v.srest = NULL;
 	v.rest = NULL;
 	v.vb = B.v_vb;
+	v.pos = (uint8_t *)B.v_pos;
 	v.xs = NULL;
 	v.dk = B.v_dk;
 	v.r = B.v_r;

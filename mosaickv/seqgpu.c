@@ -251,13 +251,15 @@ off:
 	return 0;
 }
 
-/* Bytes of value positions for a closed segment of these views
- * (mkv_seq_opts.device_positions), 0 where it gets none: the formats the
- * kernels' scatter takes (bf16 values, g 1, rows of <= 64 bytes). */
+/* Bytes of value positions for @cap tokens of these views (a closed
+ * segment, or an update buffer: gpu_append writes the positions of the
+ * rows it appends; mkv_seq_opts.device_positions), 0 where they get none:
+ * the formats the kernels' scatter takes (bf16 values, g 1, rows of <= 64
+ * bytes). */
 static size_t pos_bytes(const struct seqgpu *g, const struct mkv_packed_view *k,
 			const struct mkv_packed_view *v, uint32_t cap)
 {
-	if (!g->positions || cap != k->n || k->value_bits || v->value_bits || k->g != 1 ||
+	if (!g->positions || k->value_bits || v->value_bits || k->g != 1 ||
 	    v->g != 1 || k->r > 32 || v->r > 32 || k->r == 0 || v->r == 0)
 		return 0;
 	return al256((size_t)cap * GPU_POS_STRIDE(k->r)) + al256((size_t)cap * GPU_POS_STRIDE(v->r));
@@ -287,14 +289,16 @@ static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
 				     proj ? v->proj_f32 : NULL, cap, img, x->mem, &x->g)))
 		goto fail;
 	CK(cudaMemcpyAsync(x->mem, img, bytes, cudaMemcpyHostToDevice, st));
-	if (pbytes && x->g.n) {
-		/* from the bitmaps just copied, behind them on the stream */
+	if (pbytes) {
+		/* the present rows' from the bitmaps just copied, behind them
+		 * on the stream (a buffer's later rows: gpu_append) */
 		uint8_t *kp = (uint8_t *)x->mem + bytes;
 		uint8_t *vp = kp + al256((size_t)cap * GPU_POS_STRIDE(x->g.k_r));
-		if ((rc = gpu_seg_positions(x->g.k_bm, x->g.k_bw, x->g.k_dk, x->g.k_r, x->g.n, kp,
-					    st)) ||
-		    (rc = gpu_seg_positions(x->g.v_bm, x->g.v_bw, x->g.v_dk, x->g.v_r, x->g.n, vp,
-					    st)))
+		if (x->g.n &&
+		    ((rc = gpu_seg_positions(x->g.k_bm, x->g.k_bw, x->g.k_dk, x->g.k_r, x->g.n, kp,
+					     st)) ||
+		     (rc = gpu_seg_positions(x->g.v_bm, x->g.v_bw, x->g.v_dk, x->g.v_r, x->g.n, vp,
+					     st))))
 			goto fail;
 		x->g.k_pos = kp;
 		x->g.v_pos = vp;

@@ -145,18 +145,20 @@ struct mkv_seq_opts {
 	                          * it.  0 or 1 (default): the caller alone.
 	                          * At most 64 */
 	/* Version 5 (earlier versions get 0). */
-	uint32_t device_positions; /* 1: device copies of final segments
-	                          * whose halves both hold bf16 values
-	                          * (value_bits 0), g 1 and at most 32 values
-	                          * a vector also keep each value's channel
-	                          * as a byte (r bytes a vector, about 40 %
-	                          * more device bytes at r = 32), and the GPU
-	                          * attends them with a scatter instead of
-	                          * ranking every channel: ~9 % less decode
-	                          * time at 256K-1M tokens on the H200
-	                          * (docs/PERF.md).  Update buffers and other
-	                          * formats keep bitmaps alone.  0 (default):
-	                          * bitmaps alone.  Results are the same */
+	uint32_t device_positions; /* 1: device copies of segments and
+	                          * update buffers whose halves both hold
+	                          * bf16 values (value_bits 0), g 1 and at
+	                          * most 32 values a vector also keep each
+	                          * value's channel as a byte (r bytes a
+	                          * vector, about 40 % more device bytes at
+	                          * r = 32; a buffer's written as tokens are
+	                          * appended), and the GPU attends them with
+	                          * a scatter instead of ranking every
+	                          * channel: 7-16 % less decode time at
+	                          * 32K-1M tokens on the H200 (docs/PERF.md).
+	                          * Other formats keep bitmaps alone.
+	                          * 0 (default): bitmaps alone.  Results are
+	                          * the same */
 };
 
 MKV_API int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size);

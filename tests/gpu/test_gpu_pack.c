@@ -205,10 +205,11 @@ struct dbuf {
 	struct gpu_seg *dseg;
 	uint32_t *dcap;
 	void *mem;
+	uint8_t *pos; /* value positions (dbuf_init_pos), or NULL */
 };
 
-static void dbuf_init(struct dbuf *b, const struct mkv_segment *ks,
-		      const struct mkv_segment *vs, uint32_t cap)
+static void dbuf_init_pos(struct dbuf *b, const struct mkv_segment *ks,
+			  const struct mkv_segment *vs, uint32_t cap, bool pos)
 {
 	struct mkv_packed_view kv, vv;
 	cr_assert_eq(mkv_segment_view(ks, &kv), 0);
@@ -232,12 +233,28 @@ static void dbuf_init(struct dbuf *b, const struct mkv_segment *ks,
 	free(img);
 	cr_assert_eq(b->seg.n, 0);
 	cr_assert_eq(b->seg.k_vb, kv.value_bits);
+	if (pos) {
+		/* poisoned too: every appended row's positions must be written */
+		size_t kb = (size_t)cap * GPU_POS_STRIDE(b->seg.k_r);
+		size_t vb = (size_t)cap * GPU_POS_STRIDE(b->seg.v_r);
+		b->pos = gu_dev(kb + vb);
+		GU_CK(cudaMemset(b->pos, 0xa5, kb + vb));
+		b->seg.k_pos = b->pos;
+		b->seg.v_pos = b->pos + kb;
+	}
 	b->dseg = gu_upload(&b->seg, sizeof b->seg);
 	b->dcap = gu_upload(&cap, 4);
 }
 
+static void dbuf_init(struct dbuf *b, const struct mkv_segment *ks,
+		      const struct mkv_segment *vs, uint32_t cap)
+{
+	dbuf_init_pos(b, ks, vs, cap, false);
+}
+
 static void dbuf_free(struct dbuf *b)
 {
+	cudaFree(b->pos);
 	cudaFree(b->mem);
 	cudaFree(b->dseg);
 	cudaFree(b->dcap);
@@ -342,6 +359,60 @@ static void check_append(uint32_t d, uint32_t r, uint32_t g, uint32_t b, uint32_
 }
 
 Test(gpu, append_llama_shape) { check_append(128, 32, 1, 16, 1, 0); }
+
+/* A buffer with value positions: gpu_append writes each appended row's,
+ * the very bytes gpu_seg_positions finds in the bitmaps it wrote (that
+ * entry is itself checked against a host walk in test_gpu_attn), over
+ * three appends; rows past n stay as they were. */
+Test(gpu, append_writes_positions)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const uint32_t d = 128, cap = 256;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, 16, 1);
+	struct gu_ctx c;
+	size_t len = 1500;
+	gu_ctx_build(&c, &rng, d, 1, &len, 0, &eo);
+	const uint32_t n1 = 37, n2 = 64, n3 = 19, n = n1 + n2 + n3;
+	uint16_t *k = malloc((size_t)n * d * 2), *v = malloc((size_t)n * d * 2);
+	gu_fill_kv(&rng, k, n, d);
+	gu_fill_kv(&rng, v, n, d);
+	struct dbuf buf;
+	dbuf_init_pos(&buf, c.ks[0], c.vs[0], cap, true);
+	append(&buf, k, v, n1, d, NULL);
+	append(&buf, k + (size_t)n1 * d, v + (size_t)n1 * d, n2, d, NULL);
+	append(&buf, k + (size_t)(n1 + n2) * d, v + (size_t)(n1 + n2) * d, n3, d, NULL);
+	const uint32_t ps = GPU_POS_STRIDE(buf.seg.k_r);
+	cr_assert_eq(GPU_POS_STRIDE(buf.seg.v_r), ps);
+	uint8_t *ref = gu_dev((size_t)n * ps);
+	uint8_t *want = malloc((size_t)cap * ps), *got = malloc((size_t)cap * ps);
+	for (int half = 0; half < 2; half++) {
+		const struct gpu_seg *g = &buf.seg;
+		cr_assert_eq(gpu_seg_positions(half ? g->v_bm : g->k_bm, half ? g->v_bw : g->k_bw,
+					       half ? g->v_dk : g->k_dk, half ? g->v_r : g->k_r, n,
+					       ref, 0), 0);
+		GU_CK(cudaDeviceSynchronize());
+		GU_CK(cudaMemcpy(want, ref, (size_t)n * ps, cudaMemcpyDeviceToHost));
+		GU_CK(cudaMemcpy(got, half ? g->v_pos : g->k_pos, (size_t)cap * ps,
+				 cudaMemcpyDeviceToHost));
+		for (uint32_t t = 0; t < n; t++)
+			cr_assert(memcmp(got + (size_t)t * ps, want + (size_t)t * ps, ps) == 0,
+				  "seed %llu %s row %u: positions differ from the bitmap's",
+				  (unsigned long long)seed, half ? "V" : "K", t);
+		for (size_t i = (size_t)n * ps; i < (size_t)cap * ps; i++)
+			cr_assert_eq(got[i], 0xa5, "byte %zu past the rows written", i);
+	}
+	cudaFree(ref);
+	free(want);
+	free(got);
+	dbuf_free(&buf);
+	gu_ctx_free(&c);
+	free(k);
+	free(v);
+}
 Test(gpu, append_g2_nodrop_b8) { check_append(128, 32, 2, 8, 0, 0); }
 Test(gpu, append_d64_g4_r24_b32) { check_append(64, 24, 4, 32, 1, 0); }
 /* quantized rows: the serving defaults, then the other widths */
@@ -353,8 +424,8 @@ Test(gpu, append_q5_q7) { check_append(64, 37, 1, 16, 0, 5); check_append(128, 8
 
 /* History segments + an update buffer + a dense window: the buffer is
  * attended in full, no token is lost between them. */
-static void check_covers_buffer(uint32_t r, uint32_t vb, uint32_t nbuf, uint32_t cap,
-				uint32_t flags)
+static void check_covers_buffer_pos(uint32_t r, uint32_t vb, uint32_t nbuf, uint32_t cap,
+				    uint32_t flags, bool pos)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
@@ -367,11 +438,13 @@ static void check_covers_buffer(uint32_t r, uint32_t vb, uint32_t nbuf, uint32_t
 	struct gu_ctx c;
 	size_t lens[3] = {900, 17, 1333};
 	gu_ctx_build(&c, &rng, d, nseg, lens, win, &eo);
+	if (pos)
+		gu_ctx_positions(&c, ~0u);
 	uint16_t *bk = malloc((size_t)nbuf * d * 2), *bv = malloc((size_t)nbuf * d * 2);
 	gu_fill_kv(&rng, bk, nbuf, d);
 	gu_fill_kv(&rng, bv, nbuf, d);
 	struct dbuf buf;
-	dbuf_init(&buf, c.ks[nseg - 1], c.vs[nseg - 1], cap);
+	dbuf_init_pos(&buf, c.ks[nseg - 1], c.vs[nseg - 1], cap, pos);
 	append(&buf, bk, bv, nbuf, d, NULL);
 
 	struct gpu_head hh = gu_ctx_head(&c);
@@ -441,7 +514,23 @@ static void check_covers_buffer(uint32_t r, uint32_t vb, uint32_t nbuf, uint32_t
 	gu_ctx_free(&c);
 }
 
+static void check_covers_buffer(uint32_t r, uint32_t vb, uint32_t nbuf, uint32_t cap,
+				uint32_t flags)
+{
+	check_covers_buffer_pos(r, vb, nbuf, cap, flags, false);
+}
+
 Test(gpu, attention_covers_buffer) { check_covers_buffer(32, 0, 77, 256, 0); }
+/* the same with value positions on the segments and the buffer (the
+ * positions the appends wrote) */
+Test(gpu, attention_covers_long_buffer_positions)
+{
+	check_covers_buffer_pos(32, 0, 9000, 9216, GPU_ATTN_SMALL_ROWS, true);
+}
+Test(gpu, attention_covers_buffer_positions_chunk64)
+{
+	check_covers_buffer_pos(24, 0, 700, 1024, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64, true);
+}
 Test(gpu, attention_covers_buffer_q6) { check_covers_buffer(80, 6, 77, 256, 0); }
 /* A buffer of more than one chunk (256 blocks): its chunks' states are
  * combined and rotated back once (seg_join), in both layouts. */
