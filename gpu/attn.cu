@@ -3470,8 +3470,6 @@ struct ststate {
 	float m[NU][2], l[NU][2]; /* this lane's two heads per n-tile; l over its tokens */
 };
 
-/* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
- * rows, expanded straight from the stage, bf16 products. */
 /* A lane's constants of the positions' scatter, set once a CTA (in the
  * sub-block loop they were ~5 % of the kernel's instructions): its
  * vector's r, its row and positions in a stage (byte offsets) and their
@@ -3494,6 +3492,9 @@ __device__ __forceinline__ struct pos_lane pos_lane_of(const struct gpu_seg &sg,
 	return pl;
 }
 
+/* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
+ * rows, expanded straight from the stage, bf16 products; POS: their
+ * values scattered by their positions (st_fill_pos's stage, @pl). */
 template <int NQ, int D, bool BF, int KC, int RB, bool POS = false>
 __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al16,
 				       const struct st_stage<RB> &S, struct st_warp<KC, RB> &W,
