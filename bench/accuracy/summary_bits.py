@@ -8,9 +8,13 @@ sum_c max(q'_c mn_c, q'_c mx_c) + |q_perp| rest, the top --frac of the
 history blocks plus the sink block; the last --window tokens always
 attended.  8-bit: per block one scale (its largest |bound| / 127, rounded
 up to bf16), the min floored and the max ceiled to that grid, so they
-still bound the keys.  Prints how many selected blocks the two share and
-the attention-mass recall of each (the exact softmax mass on the attended
-tokens, averaged over the group's heads).
+still bound the keys.  8-bit integer (--int): the same 8-bit bounds with
+the rotated query also rounded to 8 bits (per query head and segment,
+its largest |q'_c| / 127), the sum taken in integers as a dp4a kernel
+would (q+ against the max, q- against the min), then scaled: no longer a
+bound, a model of an all-integer score.  Prints how many selected blocks
+each shares with bf16 and the attention-mass recall of each (the exact
+softmax mass on the attended tokens, averaged over the group's heads).
 
     python3 capture.py --tokens 8000 --prompts 2 --out /tmp/captures
     python3 summary_bits.py --captures /tmp/captures --S 16
@@ -47,12 +51,15 @@ def block_scores(k, q, S, seg, b, win):
     8-bit ones ([8]), segments of @seg tokens each with its own rotation."""
     n, d = k.shape
     nh = n - win
-    scores = {16: [], 8: []}
+    scores = {16: [], 8: [], "8q": []}
     for s0 in range(0, nh, seg):
         ks = k[s0:min(nh, s0 + seg)]
         R = rotation(ks)
         xr, qr = ks @ R.T, q @ R.T
         qperp = np.sqrt(np.maximum(0, (q * q).sum(1) - (qr[:, :S] ** 2).sum(1)))
+        qsc = np.abs(qr[:, :S]).max(1) / 127
+        qsc[qsc == 0] = 1.0
+        qi = np.rint(qr[:, :S] / qsc[:, None])  # integers in [-127, 127]
         for j in range((len(ks) + b - 1) // b):
             blk, xo = xr[j * b:(j + 1) * b], ks[j * b:(j + 1) * b]
             mn = bf16_down(blk[:, :S].min(0)).astype(np.float64)
@@ -63,6 +70,9 @@ def block_scores(k, q, S, seg, b, win):
             for tag, lo, hi in ((16, mn, mx), (8, np.floor(mn / sc) * sc, np.ceil(mx / sc) * sc)):
                 s = np.maximum(qr[:, :S] * lo, qr[:, :S] * hi).sum(1) + qperp * rest
                 scores[tag].append(s.max())
+            mi, Mi = np.floor(mn / sc), np.ceil(mx / sc)
+            isum = (np.maximum(qi, 0) * Mi + np.minimum(qi, 0) * mi).sum(1)
+            scores["8q"].append((qsc * sc * isum + qperp * rest).max())
     return scores
 
 
@@ -99,14 +109,15 @@ def case(k, q, S, seg, b, win, frac):
     p = np.exp(logits - logits.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     sel, rec = {}, {}
-    for tag in (16, 8):
+    for tag in (16, 8, "8q"):
         sel[tag] = top_blocks(scores[tag], frac)
         m = np.zeros(n, bool)
         m[nh:] = True
         for j in sel[tag]:
             m[j * b:min(nh, (j + 1) * b)] = True
         rec[tag] = p[:, m].sum(1).mean()
-    return len(sel[16] & sel[8]) / kk, rec[16], rec[8]
+    return (len(sel[16] & sel[8]) / kk, rec[16], rec[8], len(sel[16] & sel["8q"]) / kk,
+            rec["8q"])
 
 
 def main():
@@ -124,6 +135,9 @@ def main():
     print(f"S={a.S}: {len(r)} (prompt, layer, KV head) cases; blocks both select: mean "
           f"{r[:, 0].mean():.4f}, least {r[:, 0].min():.4f}; mass recall bf16 {r[:, 1].mean():.4f}, "
           f"8-bit {r[:, 2].mean():.4f}; largest loss in one case {np.max(r[:, 1] - r[:, 2]):.4f}")
+    print(f"  8-bit integer (q' in 8 bits too): blocks shared with bf16: mean {r[:, 3].mean():.4f}, "
+          f"least {r[:, 3].min():.4f}; mass recall {r[:, 4].mean():.4f}; largest loss in one case "
+          f"{np.max(r[:, 1] - r[:, 4]):.4f}")
 
 
 if __name__ == "__main__":
