@@ -120,14 +120,22 @@ def case(k, q, S, seg, b, win, frac):
             rec["8q"])
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
+def selection_args(doc):
+    """An argument parser with the selection model's options (captures,
+    S, segment, window, frac), for this script and those that share its
+    model."""
+    ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--captures", default="captures")
     ap.add_argument("--S", type=int, default=16)
     ap.add_argument("--segment", type=int, default=4096)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--frac", type=float, default=0.10)
+    return ap
+
+
+def main():
+    ap = selection_args(__doc__)
     a = ap.parse_args()
     rows = [case(k, q, a.S, a.segment, 16, a.window, a.frac)
             for k, q, _ in captured_cases(a.captures)]

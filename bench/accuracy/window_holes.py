@@ -9,9 +9,8 @@ layer, KV head) the top --frac of the history blocks plus the sink.
     python3 capture.py --tokens 8000 --prompts 2 --out /tmp/captures
     python3 window_holes.py --captures /tmp/captures --segment 4096 --chunk 64
 """
-import argparse
 
-from summary_bits import block_scores, captured_cases, top_blocks
+from summary_bits import block_scores, captured_cases, selection_args, top_blocks
 
 
 def holes(sel, nblk, seg_blocks, chunk):
@@ -30,13 +29,7 @@ def holes(sel, nblk, seg_blocks, chunk):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--captures", default="captures")
-    ap.add_argument("--S", type=int, default=16)
-    ap.add_argument("--segment", type=int, default=4096)
-    ap.add_argument("--window", type=int, default=128)
-    ap.add_argument("--frac", type=float, default=0.10)
+    ap = selection_args(__doc__)
     ap.add_argument("--chunk", type=int, nargs="+", default=[64, 128, 256])
     a = ap.parse_args()
     b = 16
