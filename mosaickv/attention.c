@@ -15,10 +15,12 @@
 /* Version 1 of struct mkv_attn_opts ended at quest_b: its sizeof, padding
  * included, is where refine begins. */
 #define ATTN_OPTS_V1 offsetof(struct mkv_attn_opts, refine)
+/* Version 2 ended at refine; summary_bits begins version 3. */
+#define ATTN_OPTS_V2 offsetof(struct mkv_attn_opts, summary_bits)
 
 int mkv_attn_opts_init(struct mkv_attn_opts *o, size_t size)
 {
-	if (!o || (size != ATTN_OPTS_V1 && size != sizeof(*o)))
+	if (!o || (size != ATTN_OPTS_V1 && size != ATTN_OPTS_V2 && size != sizeof(*o)))
 		return -EINVAL;
 	memset(o, 0, size);
 	o->size = size;
@@ -27,7 +29,15 @@ int mkv_attn_opts_init(struct mkv_attn_opts *o, size_t size)
 	o->scale = 0.0f;
 	o->token_frac = 0.1;
 	o->quest_b = 16;
+	if (size == sizeof(*o))
+		o->summary_bits = 16;
 	return 0;
+}
+
+/* o->summary_bits, 16 for a struct of an earlier version. */
+static uint32_t attn_sum_bits(const struct mkv_attn_opts *o)
+{
+	return o->size == sizeof(*o) ? o->summary_bits : 16;
 }
 
 double attn_refine(const struct mkv_attn_opts *o)
@@ -40,8 +50,10 @@ static int attn_opts_check(const struct mkv_attn_opts *o, const float *q)
 {
 	if (!o || !q)
 		return -EINVAL;
-	double f = o->size == ATTN_OPTS_V1 || o->size == sizeof(*o) ? attn_refine(o) : -1.0;
-	if (!(f == 0.0 || (f >= 1.0 && f <= 16.0)) || o->n_q == 0 ||
+	bool known = o->size == ATTN_OPTS_V1 || o->size == ATTN_OPTS_V2 || o->size == sizeof(*o);
+	double f = known ? attn_refine(o) : -1.0;
+	uint32_t sb = attn_sum_bits(o);
+	if (!(f == 0.0 || (f >= 1.0 && f <= 16.0)) || (sb != 8 && sb != 16) || o->n_q == 0 ||
 	    o->n_q > MKV_MAX_QHEADS || !mkv_d_valid(o->d) ||
 	    !mkv_b_valid(o->quest_b) || !(o->token_frac > 0.0 && o->token_frac <= 1.0) ||
 	    !isfinite(o->scale) || o->scale < 0.0f)
@@ -396,6 +408,103 @@ static void rotate_queries(const struct mkv_attn_opts *o, const float *q,
 		    (int)o->d, 0.0f, qr, (int)rows);
 }
 
+/* ---------------------------------------------------------------------- */
+/* 8-bit scores (mkv_summary8, mkv_query8, mkv_score8).  Each step is one
+ * IEEE operation (a division, a floor or ceiling, a round to nearest
+ * even) that the GPU repeats exactly, so both sides quantize alike. */
+
+static int8_t clamp127(float x)
+{
+	return (int8_t)(x < -127.0f ? -127 : x > 127.0f ? 127 : (int)x);
+}
+
+/* Block @j of @kv to 8 bits: @row (S minima, S maxima) and its scale.
+ * False where a summary is not finite. */
+static bool block8(const struct mkv_packed_view *kv, uint32_t j, int8_t *row, float *scale)
+{
+	uint32_t S = kv->summary_channels;
+	size_t off = (size_t)j * S;
+	float a = 0.0f;
+	for (uint32_t c = 0; c < S; c++) {
+		float lo = mkv_elem(kv->sum_min, kv->store_dtype, off + c);
+		float hi = mkv_elem(kv->sum_max, kv->store_dtype, off + c);
+		if (!isfinite(lo) || !isfinite(hi))
+			return false;
+		a = fmaxf(a, fmaxf(fabsf(lo), fabsf(hi)));
+	}
+	float sc = a > 0.0f ? mkv_bf16_to_f32(mkv_f32_to_bf16_up(a / 127.0f)) : 1.0f;
+	for (uint32_t c = 0; c < S; c++) {
+		row[c] = clamp127(floorf(mkv_elem(kv->sum_min, kv->store_dtype, off + c) / sc));
+		row[S + c] = clamp127(ceilf(mkv_elem(kv->sum_max, kv->store_dtype, off + c) / sc));
+	}
+	*scale = sc;
+	return true;
+}
+
+int mkv_summary8(const struct mkv_segment *k, int8_t *rows, float *scale)
+{
+	if (!k || !rows || !scale || k->v.kind != MKV_KIND_KEY || k->v.summary_channels == 0 ||
+	    (k->v.n_blocks && (!k->v.sum_min || !k->v.sum_max)))
+		return -EINVAL;
+	const struct mkv_packed_view *kv = &k->v;
+	uint32_t S = kv->summary_channels;
+	int8_t row[2 * 256];
+	float sc;
+	if (S > 256)
+		return -EINVAL;
+	for (uint32_t j = 0; j < kv->n_blocks; j++)
+		if (!block8(kv, j, row, &sc))
+			return -MKV_ENONFINITE;
+	for (uint32_t j = 0; j < kv->n_blocks; j++)
+		block8(kv, j, rows + (size_t)j * 2 * S, &scale[j]);
+	return 0;
+}
+
+int mkv_query8(const float *qr, uint32_t S, int8_t *qi, float *scale)
+{
+	if (!qr || !qi || !scale || S == 0 || S > 256)
+		return -EINVAL;
+	if (!mkv_all_finite(qr, S))
+		return -MKV_ENONFINITE;
+	float m = 0.0f;
+	for (uint32_t c = 0; c < S; c++)
+		m = fmaxf(m, fabsf(qr[c]));
+	float sc = m > 0.0f ? m / 127.0f : 1.0f;
+	for (uint32_t c = 0; c < S; c++)
+		qi[c] = clamp127(rintf(qr[c] / sc));
+	*scale = sc;
+	return 0;
+}
+
+/* mkv_score8 without the checks. */
+static float score8(uint32_t nq, uint32_t S, const int8_t *qi, const float *qscale,
+		    const float *qperp, const int8_t *row, float scale, float rest)
+{
+	float best = -INFINITY;
+	for (uint32_t h = 0; h < nq; h++) {
+		const int8_t *qh = qi + (size_t)h * S;
+		int32_t isum = 0;
+		for (uint32_t c = 0; c < S; c++)
+			isum += qh[c] > 0 ? qh[c] * row[S + c] : qh[c] * row[c];
+		float s = qscale[h] * scale;
+		s = s * (float)isum;
+		if (qperp)
+			s += qperp[h] * rest;
+		best = s > best ? s : best;
+	}
+	return best;
+}
+
+int mkv_score8(uint32_t nq, uint32_t S, const int8_t *qi, const float *qscale,
+	       const float *qperp, const int8_t *row, float scale, float rest, float *score)
+{
+	if (!qi || !qscale || !row || !score || nq == 0 || nq > MKV_MAX_QHEADS || S == 0 ||
+	    S > 256)
+		return -EINVAL;
+	*score = score8(nq, S, qi, qscale, qperp, row, scale, rest);
+	return 0;
+}
+
 /* Score every block of every segment into @c, in (seg, block) order. */
 static void score_all(const struct mkv_attn_opts *o, const float *q,
 		      const struct mkv_segment *const *k, size_t nseg,
@@ -408,14 +517,22 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 		uint32_t S = kv->summary_channels;
 		rotate_queries(o, q, k[i], S, qr);
 		query_perp(o, q, qr, S, qperp);
+		bool b8 = attn_sum_bits(o) == 8 && S <= 256;
+		int8_t qi[MKV_MAX_QHEADS * 256], row[2 * 256];
+		float qsc[MKV_MAX_QHEADS];
+		for (uint32_t h = 0; b8 && h < o->n_q; h++)
+			if (mkv_query8(qr + (size_t)h * S, S, qi + (size_t)h * S, &qsc[h]))
+				b8 = false; /* a non-finite q': the bound, which carries it */
 		for (uint32_t j = 0; j < kv->n_blocks; j++, ci++) {
 			uint32_t i0 = j * kv->b;
+			float rest = mkv_elem(kv->sum_rest, kv->store_dtype, j), sc8;
+			float sc = b8 && block8(kv, j, row, &sc8)
+					   ? score8(o->n_q, S, qi, qsc, qperp, row, sc8, rest)
+					   : bound_score(qr, o->n_q, S, kv->sum_min, kv->sum_max,
+							 kv->store_dtype, (size_t)j * S, S, qperp,
+							 rest);
 			c[ci] = (struct cand){
-				.score = bound_score(qr, o->n_q, S, kv->sum_min,
-						     kv->sum_max, kv->store_dtype,
-						     (size_t)j * S, S, qperp,
-						     mkv_elem(kv->sum_rest,
-							      kv->store_dtype, j)),
+				.score = sc,
 				.seg = (uint32_t)i, .block = j,
 				.ntok = (kv->n - i0 < kv->b ? kv->n - i0 : kv->b),
 				.idx = (uint32_t)ci,

@@ -52,6 +52,13 @@ struct mkv_attn_opts {
 	                      * filled from the top.  Reads the keys of f x
 	                      * the budget, attends the budget.  CPU paths
 	                      * only (the GPU ones refuse it).  Default 0 */
+	/* Version 3 (a caller passing an earlier size gets 16). */
+	uint32_t summary_bits; /* 16: blocks scored by the bound above, on
+	                        * the summaries as stored.  8: on 8-bit
+	                        * summaries and an 8-bit rotated query, summed
+	                        * in integers (mkv_score8: no longer a bound;
+	                        * docs/ACCURACY.md "All-integer scores").
+	                        * Default 16 */
 };
 
 MKV_API int mkv_attn_opts_init(struct mkv_attn_opts *o, size_t size);
@@ -114,7 +121,9 @@ MKV_API int mkv_attend_packed(const struct mkv_attn_opts *o, const float *q,
 /*
  * Block scores of one key segment for the n_q queries @q: @scores receives
  * n_blocks floats, score[j] = max over heads h of
- * Σ_{c<S} max(q'_hc · min_jc, q'_hc · max_jc) with q'_h = R q_h.
+ * Σ_{c<S} max(q'_hc · min_jc, q'_hc · max_jc) + |q_⊥h| · rest_j with
+ * q'_h = R q_h (o->summary_bits = 8: mkv_score8 on mkv_query8(q'_h) and
+ * mkv_summary8's rows).
  * Returns 0, -EINVAL, -MKV_ESHAPE, -MKV_ENONFINITE.
  */
 MKV_API int mkv_score_blocks(const struct mkv_attn_opts *o, const float *q,
@@ -133,6 +142,43 @@ MKV_API int64_t mkv_select_blocks(const struct mkv_attn_opts *o,
 				  const struct mkv_segment *const *k,
 				  size_t nseg, struct mkv_block_ref *sel,
 				  size_t cap);
+
+/*
+ * The 8-bit scores (o->summary_bits = 8).  Integer rounding everywhere a
+ * GPU can repeat it exactly: the GPU score kernel's results equal
+ * mkv_score8's bit for bit for the same quantized query.
+ *
+ * A block's summaries to 8 bits: a = the largest |min_c|, |max_c| over its
+ * S channels, scale = a / 127 rounded up to bf16 (1 where a is 0), then
+ * min_c -> floor(min_c / scale) and max_c -> ceil(max_c / scale), each
+ * clamped to [-127, 127].  mkv_summary8 writes every block of the key
+ * segment @k: @rows (n_blocks × 2S: the S minima, then the S maxima) and
+ * @scale (n_blocks).  Returns 0, or -EINVAL (NULL, not a key segment, S
+ * of 0) or -MKV_ENONFINITE (a summary NaN or infinite).  Nothing is
+ * written on failure.
+ */
+MKV_API int mkv_summary8(const struct mkv_segment *k, int8_t *rows, float *scale);
+
+/*
+ * A rotated query's first @S channels @qr to 8 bits: *@scale = the largest
+ * |qr_c| / 127 (1 where all are 0), qi_c = rint(qr_c / scale) clamped to
+ * [-127, 127].  Returns 0, -EINVAL (NULL, S of 0 or over 256) or
+ * -MKV_ENONFINITE; nothing is written on failure.
+ */
+MKV_API int mkv_query8(const float *qr, uint32_t S, int8_t *qi, float *scale);
+
+/*
+ * One block's 8-bit score for @nq query heads: per head h, with integer
+ * sum I_h = Σ_c max(qi_hc, 0)·max_c + min(qi_hc, 0)·min_c over the row's
+ * S channels (@qi: nq × S, @qscale: nq), s_h = (qscale_h · @scale) · I_h,
+ * plus qperp_h · @rest where @qperp (nq floats) is given, each product
+ * and sum rounded once in that order; *@score = max over h.  @row is one
+ * block of mkv_summary8's rows.  Returns 0, -EINVAL (NULL, nq of 0 or
+ * over MKV_MAX_QHEADS, S of 0 or over 256).
+ */
+MKV_API int mkv_score8(uint32_t nq, uint32_t S, const int8_t *qi, const float *qscale,
+		       const float *qperp, const int8_t *row, float scale, float rest,
+		       float *score);
 
 #ifdef __cplusplus
 }
