@@ -282,6 +282,8 @@ struct slabs {
 	uint32_t *kbmq, *vbmq; /* RQ of DK bits set (ours_q6) */
 	uint16_t *srest;       /* remainder bounds (ours_q6) */
 	uint8_t *kpos, *vpos;  /* value positions of kbm, vbm (ours_pos) */
+	int8_t *s8;            /* 8-bit summaries of smin, smax (ours_s8) */
+	float *s8sc;
 	uint32_t seglen, maxseg;
 };
 
@@ -321,6 +323,9 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 	RC(gpu_synth_bitmaps(s->vbmq, N, BW, DK, RQ, 14, st));
 	RC(gpu_synth_bf16(s->srest, NB, 0.2f, 1.0f, 15, st));
 	RC(gpu_synth_minmax(s->smin, s->smax, NB * SS, 5, st));
+	s->s8 = dalloc(NB * 2 * SS);
+	s->s8sc = dalloc(NB * 4);
+	RC(gpu_seg_sum8(s->smin, s->smax, SS, (uint32_t)NB, s->s8, s->s8sc, st));
 	RC(gpu_synth_bf16(s->rot, (size_t)nctx * s->maxseg * 2 * DK * D, 0.09f, 0.0f, 6, st));
 	RC(gpu_synth_bf16(s->dk, N * D, 1.0f, 0.0f, 7, st));
 	RC(gpu_synth_bf16(s->dv, N * D, 1.0f, 0.0f, 8, st));
@@ -335,7 +340,8 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 
 /* Segment tables and heads for H contexts of L tokens: bf16 rows (mode
  * 0), 6-bit rows (1: ours_q6), bf16 rows with value positions (2:
- * ours_pos). */
+ * ours_pos), with value positions and 8-bit summaries (3: pos_s8), with
+ * 8-bit summaries (4: ours_s8). */
 static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu_seg *dsegs,
 		       struct gpu_head *dheads, struct gpu_dense_head *ddense, int mode)
 {
@@ -368,9 +374,13 @@ static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu
 			g->k_rs = g->v_rs = RR;
 			g->k_bw = g->v_bw = BW;
 			g->block0 = i * (s->seglen / BB);
-			if (mode == 2) {
+			if (mode == 2 || mode == 3) {
 				g->k_pos = s->kpos + tok * GPU_POS_STRIDE(RR);
 				g->v_pos = s->vpos + tok * GPU_POS_STRIDE(RR);
+			}
+			if (mode == 3 || mode == 4) {
+				g->s8 = s->s8 + blk * 2 * SS;
+				g->s8_scale = s->s8sc + blk;
 			}
 			if (q6) {
 				g->k_bm = s->kbmq + tok * BW;
@@ -629,7 +639,8 @@ int main(int argc, char **argv)
 		printf("RESULT name=attn speedup_dense_1m=nan speedup_quest_1m=nan "
 		       "score_speedup_quest_1m=nan dense_vs_sdpa_1m=nan bw_frac_256k=nan "
 		       "flush_us_per_layer=nan prefill_encode_frac_64k=nan speedup_dense_1m_pos=nan "
-		       "speedup_quest_1m_pos=nan bw_frac_256k_pos=nan\n");
+		       "speedup_quest_1m_pos=nan bw_frac_256k_pos=nan speedup_dense_1m_s8=nan "
+		       "speedup_quest_1m_s8=nan score_speedup_quest_1m_s8=nan bw_frac_256k_s8=nan\n");
 		return 0;
 	}
 	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -692,14 +703,16 @@ int main(int argc, char **argv)
 	RC(gpu_attn_ws_init(&amax, st));
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s\n",
+	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | "
+	       "%9s %9s %9s %7s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
 	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
 	       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl", "ours_pos", "pos_128",
-	       "pos_512");
+	       "pos_512", "ours_s8", "os_s8", "pos_s8", "x_sc_s8");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
+	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
 			uint32_t B = bat[bi], L = ctx[ci], H = B * HKV;
@@ -720,6 +733,10 @@ int main(int argc, char **argv)
 				RC(f_packed(&a, dheads, st)); /* ours_q6 */
 				make_heads(&s, H, L, dsegs, dheads, ddense, 2);
 				RC(f_packed(&a, dheads, st)); /* ours_pos */
+				make_heads(&s, H, L, dsegs, dheads, ddense, 4);
+				RC(f_packed(&a, dheads, st)); /* ours_s8 */
+				make_heads(&s, H, L, dsegs, dheads, ddense, 3);
+				RC(f_packed(&a, dheads, st)); /* pos_s8 */
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				CK(cudaStreamSynchronize(st));
 				continue;
@@ -768,6 +785,27 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_pp);
 			cudaGraphExecDestroy(g_pp128);
 			cudaGraphExecDestroy(g_pp512);
+			/* 8-bit summaries: the step and its score stage, then
+			 * with value positions too */
+			make_heads(&s, H, L, dsegs, dheads, ddense, 4);
+			cudaGraphExec_t g_p8 = capture(f_packed, &a, dheads);
+			cudaGraphExec_t g_ps8 = capture(f_packed_ss, &a, dheads);
+			double t_p8 = time_graph(g_p8, 1), t_ps8 = time_graph(g_ps8, 1);
+			double t8_1 = NAN, t8_2 = NAN;
+			if (split) {
+				cudaGraphExec_t g1 = capture(f_packed_upto1, &a, dheads);
+				cudaGraphExec_t g2 = capture(f_packed_upto2, &a, dheads);
+				t8_1 = time_graph(g1, 1);
+				t8_2 = time_graph(g2, 1);
+				cudaGraphExecDestroy(g1);
+				cudaGraphExecDestroy(g2);
+			}
+			cudaGraphExecDestroy(g_p8);
+			cudaGraphExecDestroy(g_ps8);
+			make_heads(&s, H, L, dsegs, dheads, ddense, 3);
+			cudaGraphExec_t g_pp8 = capture(f_packed, &a, dheads);
+			double t_pp8 = time_graph(g_pp8, 1);
+			cudaGraphExecDestroy(g_pp8);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			/* bytes the packed step must read: summaries, both rotations of
 			 * every segment, the selected blocks' packed K and V, the window */
@@ -785,15 +823,18 @@ int main(int argc, char **argv)
 				bytes_pos += (double)cnt[0] * BB * (GPU_POS_STRIDE(RR) - BW * 4.0) * 2;
 			}
 			bytes_pos += bytes;
+			/* 8-bit summaries: 2S + 4 bytes a block where 4S were */
+			double bytes_pos8 = bytes_pos - (double)H * (L / BB) * (SS * 4.0 - (2.0 * SS + 4));
 			double sd = sdpa_of(B, L);
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
 			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f "
-			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f\n",
+			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | "
+			       "%9.1f %9.1f %9.1f %7.2f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
 			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
-			       t_qsl, t_pp, t_pp128, t_pp512);
+			       t_qsl, t_pp, t_pp128, t_pp512, t_p8, t_ps8, t_pp8, t_qs / t_ps8);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -801,7 +842,8 @@ int main(int argc, char **argv)
 				cudaGraphExec_t g2 = capture(f_packed_upto2, &a, dheads);
 				double t1 = time_graph(g1, 1), t2 = time_graph(g2, 1);
 				printf("      split: clear+qrot %.1f us, +score %.1f us, +select %.1f us "
-				       "(oscore)\n", t1, t2, t_ps);
+				       "(oscore); 8-bit: %.1f, %.1f, %.1f us (os_s8)\n", t1, t2, t_ps, t8_1,
+				       t8_2, t_ps8);
 				cudaGraphExecDestroy(g1);
 				cudaGraphExecDestroy(g2);
 			}
@@ -813,10 +855,14 @@ int main(int argc, char **argv)
 				r_sdpa1m = t_d / sd;
 				r_dpos1m = t_d / t_pp;
 				r_qpos1m = t_q / t_pp;
+				r_ds81m = t_d / t_pp8;
+				r_qs81m = t_q / t_pp8;
+				r_sc81m = t_qs / t_ps8;
 			}
 			if (B == 1 && L == 262144) {
 				r_bw256 = bwf;
 				r_bwpos256 = bytes_pos / (t_pp * 1e-6) / copy_bw;
+				r_bws8256 = bytes_pos8 / (t_pp8 * 1e-6) / copy_bw;
 			}
 			(void)nsel_tot;
 			cudaGraphExecDestroy(g_p);
@@ -844,7 +890,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8)\n", RQ);
 
 	if (once)
 		return 0;
@@ -869,12 +915,14 @@ int main(int argc, char **argv)
 
 	/* the first seven keys are the issue's, for the library's default
 	 * device format; the _pos keys are the same with value positions
-	 * (mkv_seq_opts.device_positions) */
+	 * (mkv_seq_opts.device_positions); the _s8 keys with value positions
+	 * and 8-bit scores (pos_s8; its score stage os_s8) */
 	printf("RESULT name=attn speedup_dense_1m=%.3f speedup_quest_1m=%.3f "
 	       "score_speedup_quest_1m=%.3f dense_vs_sdpa_1m=%.3f bw_frac_256k=%.3f "
 	       "flush_us_per_layer=%.2f prefill_encode_frac_64k=%.4f speedup_dense_1m_pos=%.3f "
-	       "speedup_quest_1m_pos=%.3f bw_frac_256k_pos=%.3f\n",
+	       "speedup_quest_1m_pos=%.3f bw_frac_256k_pos=%.3f speedup_dense_1m_s8=%.3f "
+	       "speedup_quest_1m_s8=%.3f score_speedup_quest_1m_s8=%.3f bw_frac_256k_s8=%.3f\n",
 	       r_dense1m, r_quest1m, r_score1m, r_sdpa1m, r_bw256, flush, frac, r_dpos1m, r_qpos1m,
-	       r_bwpos256);
+	       r_bwpos256, r_ds81m, r_qs81m, r_sc81m, r_bws8256);
 	return 0;
 }

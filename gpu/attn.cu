@@ -59,10 +59,18 @@
  * for the segment holding its first block (rows past that segment's end
  * are scored from global memory). */
 struct score_tile {
-	const uint16_t *mn, *mx; /* the segment's summaries at row j0 */
+	union { /* the segment's summaries at row j0: bf16, or 8-bit rows (q8) */
+		const uint16_t *mn;
+		const uint4 *r8;
+	};
+	union { /* bf16 maxima, or the 8-bit rows' scales (q8) */
+		const uint16_t *mx;
+		const float *sc8;
+	};
 	const uint16_t *rest;    /* remainder bounds at row j0, or NULL */
 	uint32_t si, j0, nrow, S; /* segment, first row, rows in it, channels */
-	uint32_t b, n, staged, pad_; /* staged: summaries copied by cp.async */
+	uint32_t b, n, staged, q8; /* staged: summaries copied by cp.async;
+				    * q8: scored in integers (seg_q8) */
 	uint32_t pad2_[2];
 };
 
@@ -277,6 +285,21 @@ __device__ __forceinline__ void loadq(const float *p, float (&v)[NQ])
 
 #define QROT_LD (GPU_MAX_D + 8) /* padded bf16 row: conflict-free 16-byte reads */
 
+/* Whether a history segment is scored in integers: it has 8-bit
+ * summaries of a shape the score kernel takes (gpu_seg's s8). */
+__device__ __forceinline__ bool seg_q8(const struct gpu_seg *sg)
+{
+	return sg->s8 && sg->s8_scale && sg->S >= 8 && sg->S <= SCORE_SMAX && !(sg->S & 7) &&
+	       sg->S <= sg->k_dk;
+}
+
+/* Words of a segment's 8-bit query in the qpm region: S / 4 channel
+ * words of max(qi, 0) and min(qi, 0) for P heads, then P scales. */
+__host__ __device__ constexpr uint32_t q8_words(uint32_t S, uint32_t P)
+{
+	return S / 4 * 2 * P + P;
+}
+
 /* Windows of 1 << @cwl blocks in the segments before segment @si (all of
  * them for si = nseg); one warp, every lane gets the sum. */
 __device__ uint32_t wins_before(const struct gpu_head *H, uint32_t si, uint32_t cwl)
@@ -357,6 +380,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	float *qpm = si < nseg ? WSP(float, L, qpm, ws, blockIdx.y) + (size_t)si * QPM_FLOATS(P)
 			       : NULL;
 	uint32_t S = min(sg->S, dk);
+	const bool q8 = si < nseg && seg_q8(sg); /* CTA-uniform */
 	if (si < nseg) {
 		struct score_tile *tl = WSP(struct score_tile, L, tiles, ws, blockIdx.y);
 		uint32_t t0 = (sg->block0 + SCORE_T - 1) / SCORE_T;
@@ -374,6 +398,12 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 			x.n = sg->n;
 			x.staged = x.S <= SCORE_SMAX && x.S <= dk && (x.S & 7) == 0 &&
 				   (((uintptr_t)x.mn | (uintptr_t)x.mx) & 15) == 0;
+			if (q8) {
+				x.r8 = (const uint4 *)(sg->s8 + (size_t)x.j0 * 2 * x.S);
+				x.sc8 = sg->s8_scale + x.j0;
+				x.q8 = 1;
+				x.staged = ((uintptr_t)x.r8 & 15) == 0;
+			}
 			tl[t] = x;
 		}
 	}
@@ -403,7 +433,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 		for (int h = 0; h < NQ; h++) {
 			qr[(size_t)c * P + h] = acc[h];
 			qrs[c * 8 + h] = acc[h];
-			if (qpm && c < S) {
+			if (qpm && c < S && !q8) {
 				qpm[c * 2 * P + h] = fmaxf(acc[h], 0.0f);
 				qpm[c * 2 * P + P + h] = fminf(acc[h], 0.0f);
 			}
@@ -422,6 +452,34 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 		for (uint32_t c = 0; c < S; c++)
 			ns = __fadd_rn(ns, __fmul_rn(qrs[c * 8 + h], qrs[c * 8 + h]));
 		qr[(size_t)GPU_MAX_D * P + h] = sqrtf(fmaxf(0.0f, nq - ns));
+	}
+	if (q8) {
+		/* the 8-bit query, mkv_query8's steps: per head the largest
+		 * |q'_c| over 127, then each channel's nearest integer on it
+		 * (q8_words' layout, words of four channels) */
+		__shared__ float qsc8[8];
+		uint32_t *w8 = (uint32_t *)qpm;
+		if (threadIdx.x >= 32 && threadIdx.x < 32 + P) {
+			uint32_t h = threadIdx.x - 32;
+			float m = 0.0f;
+			for (uint32_t c = 0; h < NQ && c < S; c++)
+				m = fmaxf(m, fabsf(qrs[c * 8 + h]));
+			float sc = m > 0.0f ? __fdiv_rn(m, 127.0f) : 1.0f;
+			qsc8[h] = sc;
+			w8[S / 4 * 2 * P + h] = __float_as_uint(sc);
+		}
+		__syncthreads();
+		for (uint32_t i = threadIdx.x; i < S / 4 * P; i += blockDim.x) {
+			uint32_t u = i / P, h = i % P, wp = 0, wn = 0;
+			for (uint32_t e = 0; h < NQ && e < 4; e++) {
+				float x = rintf(__fdiv_rn(qrs[(4 * u + e) * 8 + h], qsc8[h]));
+				int v = (int)fminf(fmaxf(x, -127.0f), 127.0f);
+				wp |= (uint32_t)(max(v, 0) & 0xff) << (8 * e);
+				wn |= (uint32_t)(min(v, 0) & 0xff) << (8 * e);
+			}
+			w8[u * 2 * P + h] = wp;
+			w8[u * 2 * P + P + h] = wn;
+		}
 	}
 }
 
@@ -609,7 +667,10 @@ __device__ __forceinline__ void hist_flush(const uint32_t *sh_hi, uint32_t *g_hi
 /* A segment's fields the score reads, in one round trip. */
 struct score_seg {
 	const uint16_t *mn, *mx, *rest;
+	const int8_t *s8;
+	const float *sc8;
 	uint32_t block0, S, b, n;
+	bool q8;
 };
 
 __device__ __forceinline__ struct score_seg score_seg_of(const struct gpu_seg *sg)
@@ -618,11 +679,59 @@ __device__ __forceinline__ struct score_seg score_seg_of(const struct gpu_seg *s
 	v.mn = sg->s_min;
 	v.mx = sg->s_max;
 	v.rest = sg->s_rest;
+	v.s8 = sg->s8;
+	v.sc8 = sg->s8_scale;
 	v.block0 = sg->block0;
 	v.S = sg->S;
 	v.b = sg->b;
 	v.n = sg->n;
+	v.q8 = seg_q8(sg);
 	return v;
+}
+
+/*
+ * A block's 8-bit score (mkv_score8): @w its row's words (gpu_seg's s8
+ * layout: minima 4u.. at 2u, maxima at 2u + 1), @q8 the segment's 8-bit
+ * query (q8_words' layout) in shared memory, or in read-only global
+ * memory when LDG (then @qperp too); @sc the row's scale.  Per head the
+ * integer sum by dp4a, exact in any order (|sum| < 2^19), then the
+ * CPU's three roundings.
+ */
+template <int NQ, bool LDG>
+__device__ __forceinline__ float score8_row(const uint32_t *q8, const uint32_t (&w)[16],
+					    uint32_t S, float sc, const float *qperp, float rest)
+{
+	constexpr int P = NQP(NQ);
+	int acc[NQ];
+#pragma unroll
+	for (int h = 0; h < NQ; h++)
+		acc[h] = 0;
+#pragma unroll
+	for (int u = 0; u < SCORE_SMAX / 4; u++) {
+		if ((uint32_t)u >= S / 4)
+			break;
+		float fp[NQ], fn[NQ];
+		loadq<NQ, LDG>((const float *)q8 + u * 2 * P, fp);
+		loadq<NQ, LDG>((const float *)q8 + u * 2 * P + P, fn);
+#pragma unroll
+		for (int h = 0; h < NQ; h++) {
+			acc[h] = __dp4a((int)__float_as_uint(fp[h]), (int)w[2 * u + 1], acc[h]);
+			acc[h] = __dp4a((int)__float_as_uint(fn[h]), (int)w[2 * u], acc[h]);
+		}
+	}
+	float qs[NQ], qv[NQ];
+	loadq<NQ, LDG>((const float *)q8 + S / 4 * 2 * P, qs);
+	if (qperp)
+		loadq<NQ, LDG>(qperp, qv);
+	float best = 0.0f;
+#pragma unroll
+	for (int h = 0; h < NQ; h++) {
+		float x = __fmul_rn(__fmul_rn(qs[h], sc), __int2float_rn(acc[h]));
+		if (qperp)
+			x = __fadd_rn(x, __fmul_rn(qv[h], rest));
+		best = h ? fmaxf(best, x) : x;
+	}
+	return best;
 }
 
 __device__ __forceinline__ void cp16(void *dst, const void *src)
@@ -667,6 +776,14 @@ __device__ __forceinline__ void score_issue(struct score_stage<P> &st, const str
 {
 	if (!t.staged)
 		return;
+	if (t.q8) { /* 2S bytes a row, the rows after one another; the 8-bit query */
+		uint32_t np = t.nrow * (t.S / 8);
+		for (uint32_t p = threadIdx.x; p < np; p += SCORE_T)
+			cp16(&st.mn[sw16(p)], t.r8 + p);
+		for (uint32_t p = threadIdx.x; p < (q8_words(t.S, P) + 3) / 4; p += SCORE_T)
+			cp16(&st.q[4 * p], qpm + 4 * p);
+		return;
+	}
 	uint32_t np = t.nrow * (t.S / 8);
 	for (uint32_t p = threadIdx.x; p < np; p += SCORE_T) {
 		cp16(&st.mn[sw16(p)], t.mn + 8 * p);
@@ -688,6 +805,9 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 	uint32_t si = cur.si, j = cur.j0 + row, S = cur.S, b = cur.b, n = cur.n;
 	const uint16_t *mn = cur.mn + (size_t)row * S, *mx = cur.mx + (size_t)row * S;
 	const uint16_t *rest = cur.rest ? cur.rest + row : NULL;
+	bool q8 = cur.q8;
+	const uint4 *r8 = q8 ? cur.r8 + (size_t)row * (S / 8) : NULL;
+	float s8 = q8 ? __ldg(cur.sc8 + row) : 0.0f;
 	if (!here) {
 		si = seg_of_block(H->segs, H->nseg, gb);
 		struct score_seg v = score_seg_of(&H->segs[si]);
@@ -698,10 +818,25 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 		mn = v.mn + (size_t)j * S;
 		mx = v.mx + (size_t)j * S;
 		rest = v.rest ? v.rest + j : NULL;
+		q8 = v.q8;
+		r8 = q8 ? (const uint4 *)(v.s8 + (size_t)j * 2 * S) : NULL;
+		s8 = q8 ? __ldg(v.sc8 + j) : 0.0f;
 	}
 	const float *qperp = qr + (size_t)si * QR_ROWS * P + (size_t)GPU_MAX_D * P;
+	float rv = rest ? bf1(*rest) : 0.0f;
+	if (q8) {
+		uint32_t w[16];
+#pragma unroll
+		for (int k = 0; k < SCORE_SMAX / 8; k++) {
+			uint4 x = (uint32_t)k < S / 8 ? __ldg(r8 + k) : make_uint4(0, 0, 0, 0);
+			w[4 * k] = x.x; w[4 * k + 1] = x.y; w[4 * k + 2] = x.z; w[4 * k + 3] = x.w;
+		}
+		float sc = score8_row<NQ, true>((const uint32_t *)(qpm + (size_t)si * QPM_FLOATS(P)),
+						w, S, s8, qperp, rv);
+		return make_float2(sc, __uint_as_float(min(b, n - j * b)));
+	}
 	float sc = bound_score_pm<NQ, true>(qpm + (size_t)si * QPM_FLOATS(P), mn, mx, S, qperp,
-					    rest ? bf1(*rest) : 0.0f);
+					    rv);
 	return make_float2(sc, __uint_as_float(min(b, n - j * b)));
 }
 
@@ -766,7 +901,21 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 		const float *qperp = qr + (size_t)cur.si * QR_ROWS * P + (size_t)GPU_MAX_D * P;
 		float sc = 0.0f;
 		uint32_t w = 0;
-		if (here && cur.staged) {
+		if (here && cur.staged && cur.q8) {
+			float rest = cur.rest ? bf1(__ldg(cur.rest + row)) : 0.0f;
+			const struct score_stage<P> &st = sm.st[i & 1];
+			uint32_t pr = cur.S / 8, rw[16];
+#pragma unroll
+			for (int k = 0; k < SCORE_SMAX / 8; k++) {
+				uint4 x = (uint32_t)k < pr ? st.mn[sw16(row * pr + k)]
+							   : make_uint4(0, 0, 0, 0);
+				rw[4 * k] = x.x; rw[4 * k + 1] = x.y;
+				rw[4 * k + 2] = x.z; rw[4 * k + 3] = x.w;
+			}
+			sc = score8_row<NQ, false>((const uint32_t *)st.q, rw, cur.S,
+						   __ldg(cur.sc8 + row), qperp, rest);
+			w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
+		} else if (here && cur.staged) {
 			float rest = cur.rest ? bf1(__ldg(cur.rest + row)) : 0.0f;
 			const struct score_stage<P> &st = sm.st[i & 1];
 			uint32_t S = cur.S, pr = S / 8;
@@ -5105,6 +5254,19 @@ uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head)
 {
 	struct ws_layout L = ws_plan(a, WS_PACKED);
 	return WSP(uint32_t, L, chunk, a->ws, head);
+}
+
+void gpu_ws_qrot(const struct gpu_attn_args *a, uint32_t head, uint32_t si, const float **qr,
+		 const float **qperp, const uint32_t **q8, uint32_t *ldq)
+{
+	struct ws_layout L = ws_plan(a, WS_PACKED);
+	uint32_t P = NQP(a->nq);
+	const float *r = WSP(const float, L, qr, a->ws, head) + (size_t)si * QR_ROWS * P;
+	*qr = r;
+	*qperp = r + (size_t)GPU_MAX_D * P;
+	*q8 = (const uint32_t *)(WSP(const float, L, qpm, a->ws, head) +
+				 (size_t)si * QPM_FLOATS(P));
+	*ldq = P;
 }
 
 uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head)

@@ -90,6 +90,19 @@ struct gpu_seg {
 	 * (gpu/NOTES.md, "Value positions").  The caller owns them, as the
 	 * other arrays. */
 	const uint8_t *k_pos, *v_pos;
+	/* Optional, NULL where absent (history segments only; S a multiple
+	 * of 8 up to 32 and at most k_dk, else ignored): 8-bit summaries,
+	 * n_blocks rows of 2S bytes (16-byte aligned) and n_blocks float
+	 * scales, mkv_summary8's values from s_min / s_max with each row's
+	 * words interleaved: word 2u holds minima 4u .. 4u + 3, word 2u + 1
+	 * maxima 4u .. 4u + 3, the lowest channel in the low byte (the
+	 * integer sums then index their words by constants; gpu_seg_sum8
+	 * fills them on the device).  Where a segment has
+	 * them, the step scores its blocks in integers against an 8-bit
+	 * rotated query (mkv_score8's arithmetic, mkv_attn_opts.summary_bits
+	 * = 8); other segments keep the bf16 bound.  The caller owns them. */
+	const int8_t *s8;
+	const float *s8_scale;
 };
 
 /* Bytes of one vector's positions in a gpu_seg's k_pos / v_pos. */
@@ -235,6 +248,17 @@ GPU_HIDDEN uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head)
  * and the last tied block taken (0: none).  Block i is selected iff i == 0,
  * its key is above the first word, or equal to it with i <= the second. */
 GPU_HIDDEN uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head);
+/* After a step or gpu_score_select: segment @si's rotated query (floats,
+ * q'[c] at c * @ldq + h for the group's heads h, c below its d_keep;
+ * *@ldq set), its remainder norms (*@qperp: ldq floats, head h at h),
+ * and, for a segment with 8-bit summaries, its 8-bit query (*@q8: words,
+ * channel word u of head h at q8[u * 2 ldq + h] for max(qi, 0) and
+ * q8[u * 2 ldq + ldq + h] for min(qi, 0), four channels a word, the
+ * lowest in the low byte; the scales as floats from word S / 4 · 2 ldq,
+ * head h at h).  Device pointers. */
+GPU_HIDDEN void gpu_ws_qrot(const struct gpu_attn_args *a, uint32_t head, uint32_t si,
+			    const float **qr, const float **qperp, const uint32_t **q8,
+			    uint32_t *ldq);
 
 /* --- Baselines ---------------------------------------------------------- */
 
@@ -281,6 +305,17 @@ GPU_HIDDEN int gpu_seg_upload(const struct mkv_packed_view *k,
  */
 GPU_HIDDEN int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r,
 				 uint64_t n, uint8_t *pos, cudaStream_t s);
+
+/*
+ * 8-bit summaries of @nb blocks from their bf16 ones (@mn, @mx: nb × @S,
+ * as gpu_seg's s_min / s_max) into @rows (nb × 2S bytes, 16-byte
+ * aligned, gpu_seg's s8 layout) and @scale (nb floats): mkv_summary8's
+ * rule by the same IEEE operations, so the values are equal.  Asynchronous on @s.  -EINVAL for
+ * NULL arrays, nb == 0, S not a multiple of 8 in 8..32, @rows not
+ * 16-byte aligned.
+ */
+GPU_HIDDEN int gpu_seg_sum8(const uint16_t *mn, const uint16_t *mx, uint32_t S, uint32_t nb,
+			    int8_t *rows, float *scale, cudaStream_t s);
 
 /* --- Sequence images (seqbuf.cu) --------------------------------------- */
 

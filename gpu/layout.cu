@@ -81,3 +81,49 @@ int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r, 
 	k_seg_positions<<<(uint32_t)nblk, 256, 0, s>>>(bm, bw, dk, r, GPU_POS_STRIDE(r), n, pos);
 	return gpu_errno(cudaGetLastError());
 }
+
+/* One thread a block: mkv_summary8's steps in its order (mosaickv/
+ * attention.c, block8): the largest |bound|, its bf16 rounding up over
+ * 127, the floor and ceiling of each bound on that grid; the words
+ * interleaved (gpu_seg's s8). */
+__global__ void k_seg_sum8(const uint16_t *mn, const uint16_t *mx, uint32_t S, uint32_t nb,
+			   int8_t *rows, float *scale)
+{
+	uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+	if (j >= nb)
+		return;
+	const uint16_t *lo = mn + (size_t)j * S, *hi = mx + (size_t)j * S;
+	float a = 0.0f;
+	for (uint32_t c = 0; c < S; c++)
+		a = fmaxf(a, fmaxf(fabsf(bf1(lo[c])), fabsf(bf1(hi[c]))));
+	float sc = 1.0f;
+	if (a > 0.0f) {
+		uint32_t u = __float_as_uint(__fdiv_rn(a, 127.0f));
+		sc = __uint_as_float(((u & 0xffffu) ? u + 0x10000u : u) & 0xffff0000u);
+	}
+	uint32_t w[16];
+	for (uint32_t c = 0; c < 2 * S; c++) {
+		float x = c < S ? floorf(__fdiv_rn(bf1(lo[c]), sc))
+				: ceilf(__fdiv_rn(bf1(hi[c - S]), sc));
+		int v = (int)fminf(fmaxf(x, -127.0f), 127.0f);
+		/* channel e of the minima (e = c) or the maxima (e = c - S):
+		 * word 2 (e / 4) or 2 (e / 4) + 1, byte e % 4 */
+		uint32_t e = c < S ? c : c - S, wi = 2u * (e >> 2) + (c < S ? 0u : 1u);
+		uint32_t sh = 8u * (e & 3u);
+		w[wi] = (e & 3u ? w[wi] : 0u) | ((uint32_t)(v & 0xff) << sh);
+	}
+	uint4 *dst = (uint4 *)(rows + (size_t)j * 2 * S);
+	for (uint32_t q = 0; q < S / 8; q++)
+		dst[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+	scale[j] = sc;
+}
+
+int gpu_seg_sum8(const uint16_t *mn, const uint16_t *mx, uint32_t S, uint32_t nb, int8_t *rows,
+		 float *scale, cudaStream_t s)
+{
+	if (!mn || !mx || !rows || !scale || nb == 0 || S < 8 || S > 32 || (S & 7) ||
+	    ((uintptr_t)rows & 15u))
+		return -EINVAL;
+	k_seg_sum8<<<(nb + 255) / 256, 256, 0, s>>>(mn, mx, S, nb, rows, scale);
+	return gpu_errno(cudaGetLastError());
+}

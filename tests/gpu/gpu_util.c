@@ -194,6 +194,25 @@ void gu_ctx_positions(struct gu_ctx *c, uint32_t mask)
 	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
 }
 
+void gu_ctx_sum8(struct gu_ctx *c, uint32_t mask)
+{
+	for (uint32_t s = 0; s < c->nseg; s++) {
+		struct gpu_seg *g = &c->segs[s];
+		if (!(mask >> s & 1u) || c->s8[s])
+			continue;
+		size_t rb = ((size_t)g->n_blocks * 2 * g->S + 15) & ~(size_t)15;
+		char *p = gu_dev(rb + (size_t)g->n_blocks * sizeof(float));
+		cr_assert_eq(gpu_seg_sum8(g->s_min, g->s_max, g->S, g->n_blocks, (int8_t *)p,
+					  (float *)(p + rb), 0),
+			     0);
+		c->s8[s] = p;
+		g->s8 = (const int8_t *)p;
+		g->s8_scale = (const float *)(p + rb);
+	}
+	cudaFree(c->dsegs);
+	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
+}
+
 void gu_ctx_free(struct gu_ctx *c)
 {
 	for (uint32_t s = 0; s < c->nseg; s++) {
@@ -201,6 +220,7 @@ void gu_ctx_free(struct gu_ctx *c)
 		mkv_segment_destroy(c->vs[s]);
 		cudaFree(c->dev[s]);
 		cudaFree(c->pos[s]);
+		cudaFree(c->s8[s]);
 	}
 	cudaFree(c->dsegs);
 	cudaFree(c->dwin_k);

@@ -58,6 +58,7 @@ struct gu_ctx {
 	size_t lens[16];
 	void *dev[16];      /* device storage of each segment */
 	void *pos[16];      /* value positions of each segment (gu_ctx_positions) */
+	void *s8[16];       /* 8-bit summaries of each segment (gu_ctx_sum8) */
 	struct gpu_seg segs[16];
 	struct gpu_seg *dsegs; /* device array */
 	uint16_t *dwin_k, *dwin_v;
@@ -80,6 +81,9 @@ void gu_ctx_free(struct gu_ctx *c);
 /* Give segment s of @c value positions (gpu_seg_positions) where bit s of
  * @mask is set; re-uploads the segment array. */
 void gu_ctx_positions(struct gu_ctx *c, uint32_t mask);
+/* Give segment s of @c 8-bit summaries (gpu_seg_sum8) where bit s of
+ * @mask is set; re-uploads the segment array. */
+void gu_ctx_sum8(struct gu_ctx *c, uint32_t mask);
 /* gpu_head for the context (device pointers inside). */
 struct gpu_head gu_ctx_head(const struct gu_ctx *c);
 

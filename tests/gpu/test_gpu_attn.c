@@ -19,6 +19,7 @@
 
 static uint32_t g_flags; /* GPU_ATTN_* for the packed tests */
 static uint32_t g_pos;   /* segments given value positions (bit s: segment s) */
+static uint32_t g_sum8;  /* segments given 8-bit summaries (bit s: segment s) */
 static size_t g_seglen = 700; /* check_packed_rq's segments: g_seglen .. 2 g_seglen tokens */
 
 struct run {
@@ -95,6 +96,8 @@ static void attn_opts(struct mkv_attn_opts *o, uint32_t d, uint32_t nq, double f
 	o->d = d;
 	o->n_q = nq;
 	o->token_frac = frac;
+	if (g_sum8 == ~0u)
+		o->summary_bits = 8;
 }
 
 static void enc_opts(struct mkv_encode_opts *o, uint32_t d, uint32_t r, uint32_t g,
@@ -130,6 +133,8 @@ static void build_ctxs(struct gu_ctx *c, uint32_t H, struct gu_rng *g, uint32_t 
 			*max_blocks = c[h].n_blocks;
 		if (g_pos)
 			gu_ctx_positions(&c[h], g_pos);
+		if (g_sum8)
+			gu_ctx_sum8(&c[h], g_sum8);
 	}
 }
 
@@ -367,6 +372,8 @@ static void check_quiet(uint32_t nseg, uint32_t sblk, uint32_t qb0, uint32_t qb1
 		maxb = c[h].n_blocks > maxb ? c[h].n_blocks : maxb;
 		if (g_pos)
 			gu_ctx_positions(&c[h], g_pos);
+		if (g_sum8)
+			gu_ctx_sum8(&c[h], g_sum8);
 	}
 	struct run r;
 	run_init(&r, &rng, H, nq, d, frac);
@@ -912,6 +919,249 @@ Test(gpu, select_nq8_s32) { check_select_s(128, 8, 0.15, 16, 3000, 32, 6); }
 Test(gpu, select_many_blocks) { check_select(128, 4, 0.1, 8, 20000); }
 Test(gpu, select_d64_nq2) { check_select(64, 2, 0.37, 16, 900); }
 Test(gpu, select_tiny_budget) { check_select(128, 1, 0.001, 32, 1000); }
+
+/*
+ * 8-bit scores (gpu_seg's s8) against the compression core:
+ *  - the device rows and scales equal mkv_summary8's (words interleaved);
+ *  - each segment's 8-bit query equals mkv_query8 of the GPU's own q'
+ *    (read back: the CPU rotates by BLAS, whose rounding differs);
+ *  - every score of an 8-bit segment equals mkv_score8 on that query, bit
+ *    for bit; segments without s8 keep the bound (mkv_score_blocks);
+ *  - with every segment 8-bit, the selection equals mkv_select_blocks at
+ *    summary_bits = 8 except for blocks near the cut.
+ * @mask: segments given s8.
+ */
+static void check_select8(uint32_t d, uint32_t nq, double frac, uint32_t b, size_t base,
+			  uint32_t S, uint32_t mask)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t H = 2, nseg = 5, maxb;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, b, 1);
+	eo.summary_channels = S;
+	struct gu_ctx c[MAXH];
+	g_sum8 = mask;
+	build_ctxs(c, H, &rng, d, nseg, base, 0, &eo, &maxb);
+	g_sum8 = 0;
+	struct run r;
+	run_init(&r, &rng, H, nq, d, frac);
+	run_args(&r, nseg, maxb, 0, 16);
+	upload_heads(&r, c);
+	cr_assert_eq(gpu_score_select(&r.a, r.dheads, 0), 0);
+	GU_CK(cudaDeviceSynchronize());
+	struct mkv_attn_opts ao, ao8;
+	attn_opts(&ao, d, nq, frac);
+	ao8 = ao;
+	ao8.summary_bits = 8;
+	uint32_t n8 = 0;
+	for (uint32_t h = 0; h < H; h++) {
+		uint32_t nb = c[h].n_blocks;
+		float *gs = malloc(sizeof(float) * nb), *cs = malloc(sizeof(float) * nb);
+		GU_CK(cudaMemcpy(gs, gpu_ws_scores(&r.a, h), 4 * nb, cudaMemcpyDeviceToHost));
+		const float *qh = r.q + (size_t)h * nq * d;
+		for (uint32_t s = 0; s < nseg; s++) {
+			const struct gpu_seg *g = &c[h].segs[s];
+			uint32_t b0 = g->block0, sb = g->n_blocks;
+			if (!(mask >> s & 1u)) {
+				cr_assert_null(g->s8);
+				float *ref = malloc(sizeof(float) * sb);
+				cr_assert_eq(mkv_score_blocks(&ao, qh, c[h].ks[s], ref), 0);
+				double mean = 0;
+				for (uint32_t j = 0; j < sb; j++)
+					mean += fabs(ref[j]) / sb;
+				for (uint32_t j = 0; j < sb; j++)
+					cr_assert(fabsf(gs[b0 + j] - ref[j]) <= 1e-5 * (fabs(ref[j]) + mean),
+						  "seed %llu head %u seg %u block %u: %.9g vs bound %.9g",
+						  (unsigned long long)seed, h, s, j, gs[b0 + j], ref[j]);
+				free(ref);
+				continue;
+			}
+			n8++;
+			/* the device rows against mkv_summary8's */
+			int8_t *want = malloc((size_t)sb * 2 * S), *got = malloc((size_t)sb * 2 * S);
+			float *wsc = malloc(4 * sb), *gsc = malloc(4 * sb);
+			cr_assert_eq(mkv_summary8(c[h].ks[s], want, wsc), 0);
+			GU_CK(cudaMemcpy(got, g->s8, (size_t)sb * 2 * S, cudaMemcpyDeviceToHost));
+			GU_CK(cudaMemcpy(gsc, g->s8_scale, 4 * sb, cudaMemcpyDeviceToHost));
+			for (uint32_t j = 0; j < sb; j++) {
+				cr_assert(memcmp(&gsc[j], &wsc[j], 4) == 0,
+					  "seed %llu seg %u block %u: scale %.9g, core %.9g",
+					  (unsigned long long)seed, s, j, gsc[j], wsc[j]);
+				for (uint32_t ch = 0; ch < 2 * S; ch++) {
+					uint32_t e = ch % S, mx = ch >= S;
+					int8_t x = got[(size_t)j * 2 * S + 8 * (e / 4) + 4 * mx + e % 4];
+					cr_assert_eq(x, want[(size_t)j * 2 * S + ch],
+						     "seed %llu seg %u block %u: byte %u", (unsigned long long)seed,
+						     s, j, ch);
+				}
+			}
+			/* the GPU's q' and its 8-bit query */
+			const float *dqr, *dqp;
+			const uint32_t *dq8;
+			uint32_t P;
+			gpu_ws_qrot(&r.a, h, s, &dqr, &dqp, &dq8, &P);
+			float *qr = malloc(sizeof(float) * S * P), qp[8], qs[8];
+			uint32_t *w8 = malloc(4 * (S / 4 * 2 * P + P));
+			GU_CK(cudaMemcpy(qr, dqr, sizeof(float) * S * P, cudaMemcpyDeviceToHost));
+			GU_CK(cudaMemcpy(qp, dqp, sizeof(float) * P, cudaMemcpyDeviceToHost));
+			GU_CK(cudaMemcpy(w8, dq8, 4 * (S / 4 * 2 * P + P), cudaMemcpyDeviceToHost));
+			int8_t qi[8 * 32];
+			for (uint32_t hh = 0; hh < nq; hh++) {
+				float col[32];
+				for (uint32_t ch = 0; ch < S; ch++)
+					col[ch] = qr[ch * P + hh];
+				cr_assert_eq(mkv_query8(col, S, qi + hh * S, &qs[hh]), 0);
+				float gq;
+				memcpy(&gq, &w8[S / 4 * 2 * P + hh], 4);
+				cr_assert(memcmp(&gq, &qs[hh], 4) == 0, "seed %llu: q scale %.9g vs %.9g",
+					  (unsigned long long)seed, gq, qs[hh]);
+				for (uint32_t ch = 0; ch < S; ch++) {
+					uint32_t sh = 8 * (ch % 4), u = ch / 4;
+					int8_t pl = (int8_t)(w8[u * 2 * P + hh] >> sh);
+					int8_t mi = (int8_t)(w8[u * 2 * P + P + hh] >> sh);
+					int8_t want_q = qi[hh * S + ch];
+					cr_assert(pl == (want_q > 0 ? want_q : 0) &&
+						  mi == (want_q < 0 ? want_q : 0),
+						  "seed %llu head %u ch %u: +%d -%d, core %d",
+						  (unsigned long long)seed, hh, ch, pl, mi, want_q);
+				}
+			}
+			/* every score, exactly */
+			struct mkv_packed_view kv;
+			cr_assert_eq(mkv_segment_view(c[h].ks[s], &kv), 0);
+			for (uint32_t j = 0; j < sb; j++) {
+				float rest = gu_f32(((const uint16_t *)kv.sum_rest)[j]), ref;
+				cr_assert_eq(mkv_score8(nq, S, qi, qs, qp, want + (size_t)j * 2 * S, wsc[j],
+							rest, &ref),
+					     0);
+				cr_assert(memcmp(&ref, &gs[b0 + j], 4) == 0,
+					  "seed %llu head %u seg %u block %u: gpu %.9g, mkv_score8 %.9g",
+					  (unsigned long long)seed, h, s, j, gs[b0 + j], ref);
+			}
+			free(qr);
+			free(w8);
+			free(want);
+			free(got);
+			free(wsc);
+			free(gsc);
+		}
+		if (mask == ~0u) {
+			/* the selection against the CPU's 8-bit path (its own q') */
+			uint32_t *gsel = malloc(4 * nb), cnt[2];
+			struct mkv_block_ref *csel = malloc(sizeof(*csel) * nb);
+			GU_CK(cudaMemcpy(cnt, gpu_ws_counts(&r.a, h), 8, cudaMemcpyDeviceToHost));
+			GU_CK(cudaMemcpy(gsel, gpu_ws_selected(&r.a, h), 4 * cnt[0],
+					 cudaMemcpyDeviceToHost));
+			for (uint32_t s = 0; s < nseg; s++)
+				cr_assert_eq(mkv_score_blocks(&ao8, qh, c[h].ks[s],
+							      cs + c[h].segs[s].block0), 0);
+			int64_t ns = mkv_select_blocks(&ao8, qh,
+						       (const struct mkv_segment *const *)c[h].ks, nseg,
+						       csel, nb);
+			cr_assert(ns >= 1);
+			uint8_t *in_g = calloc(nb, 1), *in_c = calloc(nb, 1);
+			for (uint32_t i = 0; i < cnt[0]; i++)
+				in_g[gsel[i]] = 1;
+			for (int64_t i = 0; i < ns; i++)
+				in_c[c[h].segs[csel[i].seg].block0 + csel[i].block] = 1;
+			double mean = 0;
+			float cut = INFINITY;
+			for (uint32_t j = 0; j < nb; j++)
+				mean += fabs(cs[j]) / nb;
+			for (uint32_t j = 1; j < nb; j++)
+				if (in_c[j] && cs[j] < cut)
+					cut = cs[j];
+			uint32_t ndiff = 0;
+			for (uint32_t j = 0; j < nb; j++)
+				if (in_g[j] != in_c[j]) {
+					ndiff++;
+					/* a q' channel may round to the other integer
+					 * on the CPU: one step of one channel */
+					cr_assert(fabsf(cs[j] - cut) <= 2e-2 * (fabs(cut) + mean),
+						  "seed %llu head %u: block %u (%.9g) differs, cut %.9g",
+						  (unsigned long long)seed, h, j, cs[j], cut);
+				}
+			cr_assert(ndiff <= 4, "seed %llu: %u blocks differ", (unsigned long long)seed,
+				  ndiff);
+			free(in_g);
+			free(in_c);
+			free(gsel);
+			free(csel);
+		}
+		free(gs);
+		free(cs);
+	}
+	cr_assert(n8 > 0);
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
+}
+
+Test(gpu, select8_llama_shape) { check_select8(128, 4, 0.1, 16, 3000, 32, ~0u); }
+Test(gpu, select8_s16_nq3_b8) { check_select8(128, 3, 0.2, 8, 2000, 16, ~0u); }
+Test(gpu, select8_s24_d64_nq8) { check_select8(64, 8, 0.15, 16, 2000, 24, ~0u); }
+Test(gpu, select8_s8_nq1_b32) { check_select8(128, 1, 0.1, 32, 3000, 8, ~0u); }
+/* some segments 8-bit, the others on the bound, in one step */
+Test(gpu, select8_mixed) { check_select8(128, 4, 0.1, 16, 3000, 32, 0x15u); }
+
+/* gpu_seg_sum8 refuses what it cannot lay out and writes nothing. */
+Test(gpu, sum8_rejects)
+{
+	GU_NEED_GPU();
+	uint16_t *mn = gu_dev(64 * 32 * 2), *mx = gu_dev(64 * 32 * 2);
+	char *rows = gu_dev(64 * 64 + 16 + 256);
+	float *sc = (float *)(rows + 64 * 64 + 16);
+	GU_CK(cudaMemset(rows, 0x5a, 64 * 64 + 16 + 256));
+	cr_assert_eq(gpu_seg_sum8(NULL, mx, 32, 64, (int8_t *)rows, sc, 0), -EINVAL);
+	cr_assert_eq(gpu_seg_sum8(mn, NULL, 32, 64, (int8_t *)rows, sc, 0), -EINVAL);
+	cr_assert_eq(gpu_seg_sum8(mn, mx, 32, 64, NULL, sc, 0), -EINVAL);
+	cr_assert_eq(gpu_seg_sum8(mn, mx, 32, 64, (int8_t *)rows, NULL, 0), -EINVAL);
+	cr_assert_eq(gpu_seg_sum8(mn, mx, 32, 0, (int8_t *)rows, sc, 0), -EINVAL);
+	cr_assert_eq(gpu_seg_sum8(mn, mx, 12, 64, (int8_t *)rows, sc, 0), -EINVAL);
+	cr_assert_eq(gpu_seg_sum8(mn, mx, 40, 64, (int8_t *)rows, sc, 0), -EINVAL);
+	cr_assert_eq(gpu_seg_sum8(mn, mx, 0, 64, (int8_t *)rows, sc, 0), -EINVAL);
+	cr_assert_eq(gpu_seg_sum8(mn, mx, 32, 64, (int8_t *)rows + 8, sc, 0), -EINVAL);
+	GU_CK(cudaDeviceSynchronize());
+	unsigned char *h = malloc(64 * 64 + 16 + 256);
+	GU_CK(cudaMemcpy(h, rows, 64 * 64 + 16 + 256, cudaMemcpyDeviceToHost));
+	for (int i = 0; i < 64 * 64 + 16 + 256; i++)
+		cr_assert_eq(h[i], 0x5a);
+	free(h);
+	cudaFree(mn);
+	cudaFree(mx);
+	cudaFree(rows);
+}
+
+/* A whole step with 8-bit scores against mkv_attend_packed at
+ * summary_bits = 8: the bench's format, with value positions, short
+ * rows, and long segments in narrow chunks. */
+Test(gpu, packed_sum8_llama_shape)
+{
+	g_sum8 = ~0u;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_sum8_small_pos)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	g_pos = ~0u;
+	g_sum8 = ~0u;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_sum8_d64_b8)
+{
+	g_sum8 = ~0u;
+	check_packed_rq(64, 3, 1, 1, 8, 0.2, 30, 16, 0);
+}
+Test(gpu, packed_sum8_long_chunk64, .timeout = 120)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64;
+	g_sum8 = ~0u;
+	g_seglen = 9000;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
 
 /* One context of 65,536 blocks of 16 (1M tokens) in 16 segments: random
  * bf16 summaries (min <= max), or all equal; identity key rotation. */
