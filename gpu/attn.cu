@@ -693,14 +693,13 @@ __device__ __forceinline__ struct score_seg score_seg_of(const struct gpu_seg *s
  * A block's 8-bit score (mkv_score8): @w its row's words (gpu_seg's s8
  * layout: minima 4u.. at 2u, maxima at 2u + 1), @q8 the segment's 8-bit
  * query (q8_words' layout) in shared memory, or in read-only global
- * memory when LDG; @sc the row's scale, @qv the segment's remainder
- * norms (k_score always has them), @rest the row's remainder bound.  Per
- * head the integer sum by dp4a, exact in any order (|sum| < 2^19), then
- * the CPU's three roundings.
+ * memory when LDG (then @qperp too); @sc the row's scale.  Per head the
+ * integer sum by dp4a, exact in any order (|sum| < 2^19), then the
+ * CPU's three roundings.
  */
 template <int NQ, bool LDG>
 __device__ __forceinline__ float score8_row(const uint32_t *q8, const uint32_t (&w)[16],
-					    uint32_t S, float sc, const float (&qv)[NQ], float rest)
+					    uint32_t S, float sc, const float *qperp, float rest)
 {
 	constexpr int P = NQP(NQ);
 	int acc[NQ];
@@ -720,13 +719,16 @@ __device__ __forceinline__ float score8_row(const uint32_t *q8, const uint32_t (
 			acc[h] = __dp4a((int)__float_as_uint(fn[h]), (int)w[2 * u], acc[h]);
 		}
 	}
-	float qs[NQ];
+	float qs[NQ], qv[NQ];
 	loadq<NQ, LDG>((const float *)q8 + S / 4 * 2 * P, qs);
+	if (qperp)
+		loadq<NQ, LDG>(qperp, qv);
 	float best = 0.0f;
 #pragma unroll
 	for (int h = 0; h < NQ; h++) {
 		float x = __fmul_rn(__fmul_rn(qs[h], sc), __int2float_rn(acc[h]));
-		x = __fadd_rn(x, __fmul_rn(qv[h], rest));
+		if (qperp)
+			x = __fadd_rn(x, __fmul_rn(qv[h], rest));
 		best = h ? fmaxf(best, x) : x;
 	}
 	return best;
@@ -829,10 +831,8 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 			uint4 x = (uint32_t)k < S / 8 ? __ldg(r8 + k) : make_uint4(0, 0, 0, 0);
 			w[4 * k] = x.x; w[4 * k + 1] = x.y; w[4 * k + 2] = x.z; w[4 * k + 3] = x.w;
 		}
-		float qv[NQ];
-		loadq<NQ, true>(qperp, qv);
 		float sc = score8_row<NQ, true>((const uint32_t *)(qpm + (size_t)si * QPM_FLOATS(P)),
-						w, S, s8, qv, rv);
+						w, S, s8, qperp, rv);
 		return make_float2(sc, __uint_as_float(min(b, n - j * b)));
 	}
 	float sc = bound_score_pm<NQ, true>(qpm + (size_t)si * QPM_FLOATS(P), mn, mx, S, qperp,
@@ -883,29 +883,11 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	score_issue<P>(sm.st[0], sm.d[0], qpm + (size_t)sm.d[0].si * QPM_FLOATS(P));
 	asm volatile("cp.async.commit_group;");
 	const uint32_t row = threadIdx.x;
-	/* a staged tile's rows' operands in global memory (the remainder
-	 * bound and the 8-bit scale), loaded one tile ahead: waiting on them
-	 * was the 8-bit kernel's largest stall (ncu, 1M tokens, batch 1).
-	 * The segment's remainder norms, one address for all, stay where they
-	 * are used (registers are short: 80 of them, three CTAs an SM) */
-	struct ahead {
-		float rest, s8;
-	} nx;
-	auto fetch = [&](uint32_t k, struct ahead &p) {
-		const struct score_tile &t = sm.d[k & 3];
-		bool h = (T0 + k) * SCORE_T + row < nb && row < t.nrow && t.staged;
-		p.rest = h && t.rest ? bf1(__ldg(t.rest + row)) : 0.0f;
-		p.s8 = h && t.q8 ? __ldg(t.sc8 + row) : 0.0f;
-	};
-	fetch(0, nx);
 	for (uint32_t i = 0; i < nt; i++) {
 		/* tile i's rows and descriptor i + 1 have landed; stage (i + 1) & 1
 		 * and ring slot (i + 2) & 3 were last read before this barrier */
 		asm volatile("cp.async.wait_group 0;" ::: "memory");
 		__syncthreads();
-		const struct ahead cp = nx;
-		if (i + 1 < nt)
-			fetch(i + 1, nx);
 		if (i + 1 < nt) {
 			const struct score_tile &dn = sm.d[(i + 1) & 3];
 			score_issue<P>(sm.st[(i + 1) & 1], dn, qpm + (size_t)dn.si * QPM_FLOATS(P));
@@ -920,8 +902,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 		float sc = 0.0f;
 		uint32_t w = 0;
 		if (here && cur.staged && cur.q8) {
-			float qv[NQ];
-			loadq<NQ, true>(qperp, qv);
+			float rest = cur.rest ? bf1(__ldg(cur.rest + row)) : 0.0f;
 			const struct score_stage<P> &st = sm.st[i & 1];
 			uint32_t pr = cur.S / 8, rw[16];
 #pragma unroll
@@ -931,10 +912,11 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 				rw[4 * k] = x.x; rw[4 * k + 1] = x.y;
 				rw[4 * k + 2] = x.z; rw[4 * k + 3] = x.w;
 			}
-			sc = score8_row<NQ, false>((const uint32_t *)st.q, rw, cur.S, cp.s8, qv,
-						   cp.rest);
+			sc = score8_row<NQ, false>((const uint32_t *)st.q, rw, cur.S,
+						   __ldg(cur.sc8 + row), qperp, rest);
 			w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
 		} else if (here && cur.staged) {
+			float rest = cur.rest ? bf1(__ldg(cur.rest + row)) : 0.0f;
 			const struct score_stage<P> &st = sm.st[i & 1];
 			uint32_t S = cur.S, pr = S / 8;
 			float acc[NQ];
@@ -960,7 +942,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 										     __fmul_rn(qp[h], fb[e])));
 				}
 			}
-			sc = score_finish<NQ, true>(acc, qperp, cp.rest);
+			sc = score_finish<NQ, true>(acc, qperp, rest);
 			w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
 		} else if (valid) {
 			float2 r = score_global<NQ>(H, cur, qr, qpm, gb, row, here);
