@@ -402,8 +402,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 				x.r8 = (const uint4 *)(sg->s8 + (size_t)x.j0 * 2 * x.S);
 				x.sc8 = sg->s8_scale + x.j0;
 				x.q8 = 1;
-				/* the stage copies each remainder bound's aligned word */
-				x.staged = ((uintptr_t)x.r8 & 15) == 0 && ((uintptr_t)sg->s_rest & 3) == 0;
+				x.staged = ((uintptr_t)x.r8 & 15) == 0;
 			}
 			tl[t] = x;
 		}
@@ -741,13 +740,6 @@ __device__ __forceinline__ void cp16(void *dst, const void *src)
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src));
 }
 
-/* 4 bytes, 4-byte aligned */
-__device__ __forceinline__ void cp4(void *dst, const void *src)
-{
-	uint32_t sa = (uint32_t)__cvta_generic_to_shared(dst);
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(src));
-}
-
 /* A tile's staged copy: summaries (16-byte pieces, swizzled so that the
  * lanes' row reads hit distinct banks) and the segment's split query. */
 template <int P>
@@ -784,21 +776,10 @@ __device__ __forceinline__ void score_issue(struct score_stage<P> &st, const str
 {
 	if (!t.staged)
 		return;
-	if (t.q8) {
-		/* 2S bytes a row, the rows after one another; the 8-bit query;
-		 * and in the bf16 maxima's room (unused here) each row's scale
-		 * and the 4-byte word holding its remainder bound: latency of
-		 * loads at the use was the largest stall (ncu, 1M tokens) */
+	if (t.q8) { /* 2S bytes a row, the rows after one another; the 8-bit query */
 		uint32_t np = t.nrow * (t.S / 8);
 		for (uint32_t p = threadIdx.x; p < np; p += SCORE_T)
 			cp16(&st.mn[sw16(p)], t.r8 + p);
-		if (threadIdx.x < t.nrow) {
-			uint32_t *x = (uint32_t *)st.mx;
-			cp4(&x[threadIdx.x], t.sc8 + threadIdx.x);
-			if (t.rest)
-				cp4(&x[SCORE_T + threadIdx.x],
-				    (const void *)((uintptr_t)(t.rest + threadIdx.x) & ~(uintptr_t)3));
-		}
 		for (uint32_t p = threadIdx.x; p < (q8_words(t.S, P) + 3) / 4; p += SCORE_T)
 			cp16(&st.q[4 * p], qpm + 4 * p);
 		return;
@@ -921,11 +902,8 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 		float sc = 0.0f;
 		uint32_t w = 0;
 		if (here && cur.staged && cur.q8) {
+			float rest = cur.rest ? bf1(__ldg(cur.rest + row)) : 0.0f;
 			const struct score_stage<P> &st = sm.st[i & 1];
-			const uint32_t *x = (const uint32_t *)st.mx;
-			uint32_t rw2 = x[SCORE_T + row]; /* the bound's half by its address */
-			float rest = cur.rest ? bf1((uint16_t)(rw2 >> (((uintptr_t)(cur.rest + row) & 2) * 8)))
-					      : 0.0f;
 			uint32_t pr = cur.S / 8, rw[16];
 #pragma unroll
 			for (int k = 0; k < SCORE_SMAX / 8; k++) {
@@ -935,7 +913,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 				rw[4 * k + 2] = x.z; rw[4 * k + 3] = x.w;
 			}
 			sc = score8_row<NQ, false>((const uint32_t *)st.q, rw, cur.S,
-						   __uint_as_float(x[row]), qperp, rest);
+						   __ldg(cur.sc8 + row), qperp, rest);
 			w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
 		} else if (here && cur.staged) {
 			float rest = cur.rest ? bf1(__ldg(cur.rest + row)) : 0.0f;
