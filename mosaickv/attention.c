@@ -505,10 +505,12 @@ int mkv_score8(uint32_t nq, uint32_t S, const int8_t *qi, const float *qscale,
 	return 0;
 }
 
-/* Score every block of every segment into @c, in (seg, block) order. */
+/* Score every block of every segment into @c, in (seg, block) order.
+ * With o->summary_bits = 8, segment i in 8 bits where @use8 is NULL or
+ * use8[i] is set (the others by the bound). */
 static void score_all(const struct mkv_attn_opts *o, const float *q,
 		      const struct mkv_segment *const *k, size_t nseg,
-		      struct cand *c, float *qr)
+		      struct cand *c, float *qr, const uint8_t *use8)
 {
 	size_t ci = 0;
 	float qperp[MKV_MAX_QHEADS];
@@ -517,7 +519,7 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 		uint32_t S = kv->summary_channels;
 		rotate_queries(o, q, k[i], S, qr);
 		query_perp(o, q, qr, S, qperp);
-		bool b8 = attn_sum_bits(o) == 8 && S <= 256;
+		bool b8 = attn_sum_bits(o) == 8 && S <= 256 && (!use8 || use8[i]);
 		int8_t qi[MKV_MAX_QHEADS * 256], row[2 * 256];
 		float qsc[MKV_MAX_QHEADS];
 		for (uint32_t h = 0; b8 && h < o->n_q; h++)
@@ -790,8 +792,9 @@ out:
 	return rc;
 }
 
-int attn_select(const struct mkv_attn_opts *o, const float *q,
-		const struct mkv_segment *const *k, size_t nseg, uint8_t *mask)
+int attn_select8(const struct mkv_attn_opts *o, const float *q,
+		 const struct mkv_segment *const *k, size_t nseg, uint8_t *mask,
+		 const uint8_t *use8)
 {
 	size_t n_hist = 0, nb = 0;
 	for (size_t i = 0; i < nseg; i++) {
@@ -807,11 +810,17 @@ int attn_select(const struct mkv_attn_opts *o, const float *q,
 		free(qr);
 		return -ENOMEM;
 	}
-	score_all(o, q, k, nseg, c, qr);
+	score_all(o, q, k, nseg, c, qr, use8);
 	select_blocks(c, nb, n_hist, o->token_frac, mask);
 	free(c);
 	free(qr);
 	return 0;
+}
+
+int attn_select(const struct mkv_attn_opts *o, const float *q,
+		const struct mkv_segment *const *k, size_t nseg, uint8_t *mask)
+{
+	return attn_select8(o, q, k, nseg, mask, NULL);
 }
 
 int attn_check(const struct mkv_attn_opts *o, const float *q)
@@ -896,7 +905,7 @@ int mkv_score_blocks(const struct mkv_attn_opts *o, const float *q,
 		free(qr);
 		return -ENOMEM;
 	}
-	score_all(o, q, &k, 1, c, qr);
+	score_all(o, q, &k, 1, c, qr, NULL);
 	for (uint32_t j = 0; j < k->v.n_blocks; j++)
 		scores[j] = c[j].score;
 	free(c);
@@ -933,7 +942,7 @@ int64_t mkv_select_blocks(const struct mkv_attn_opts *o, const float *q,
 		free(qr);
 		return -ENOMEM;
 	}
-	score_all(o, q, k, nseg, c, qr);
+	score_all(o, q, k, nseg, c, qr, NULL);
 	size_t nsel = select_blocks(c, nb, n_hist, attn_stage1_frac(o), mask);
 	size_t w = 0, ci = 0;
 	for (size_t i = 0; i < nseg; i++)

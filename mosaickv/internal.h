@@ -75,6 +75,12 @@ MKV_HIDDEN int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 MKV_HIDDEN int attn_select(const struct mkv_attn_opts *o, const float *q,
 			   const struct mkv_segment *const *k, size_t nseg,
 			   uint8_t *mask);
+/* attn_select with o->summary_bits = 8 applied to segment i only where
+ * use8[i] is set (NULL: to all); a sequence scores its final segments in
+ * 8 bits, as its device copies do (mkv_seq_opts.summary_bits). */
+MKV_HIDDEN int attn_select8(const struct mkv_attn_opts *o, const float *q,
+			    const struct mkv_segment *const *k, size_t nseg,
+			    uint8_t *mask, const uint8_t *use8);
 /* Validate attention options and queries as the public entries do. */
 MKV_HIDDEN int attn_check(const struct mkv_attn_opts *o, const float *q);
 /* o->refine, 0 for a version-1 struct. */

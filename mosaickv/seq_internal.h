@@ -86,6 +86,14 @@ struct mkv_seq {
 	uint64_t step;
 };
 
+/* Whether a final segment of S summary channels is scored in 8 bits
+ * under mkv_seq_opts.summary_bits = 8: the shapes the device's score
+ * kernel takes (gpu_seg's s8), so that both paths score alike. */
+static inline bool seq_sum8_ok(uint32_t S)
+{
+	return S >= 8 && S <= 32 && S % 8 == 0;
+}
+
 static inline struct lh *seq_lh(struct mkv_seq *s, uint32_t layer, uint32_t head)
 {
 	return &s->lh[(size_t)layer * s->o.kv_heads + head];

@@ -80,6 +80,7 @@ struct seqgpu {
 	int dev;
 	uint32_t H, nq, d, window, layers, max_segment;
 	uint32_t positions; /* mkv_seq_opts.device_positions */
+	uint32_t sum8;      /* mkv_seq_opts.summary_bits == 8 */
 	double frac;
 	cudaMemPool_t pool;
 	struct dlayer *L;
@@ -218,6 +219,7 @@ int seqgpu_create(int dev, const struct mkv_seq_opts *o, struct seqgpu **out)
 	g->max_segment = o->max_segment;
 	g->frac = o->token_frac;
 	g->positions = o->device_positions;
+	g->sum8 = o->summary_bits == 8;
 	int prev;
 	if (dev_enter(g, &prev))
 		goto off;
@@ -265,22 +267,36 @@ static size_t pos_bytes(const struct seqgpu *g, const struct mkv_packed_view *k,
 	return al256((size_t)cap * GPU_POS_STRIDE(k->r)) + al256((size_t)cap * GPU_POS_STRIDE(v->r));
 }
 
-/* Device copy of a K/V pair with room for @cap tokens; synchronous on this
- * thread's default stream. */
+/* Bytes of 8-bit summaries for a final segment's device copy
+ * (mkv_seq_opts.summary_bits = 8; rows, then scales), 0 where it gets
+ * none: other shapes (seq_sum8_ok), or not final (summaries that still
+ * change keep the bound on both paths). */
+static size_t sum8_bytes(const struct seqgpu *g, const struct mkv_packed_view *k, bool final)
+{
+	if (!g->sum8 || !final || !seq_sum8_ok(k->summary_channels) || k->n_blocks == 0)
+		return 0;
+	return al256((size_t)k->n_blocks * 2 * k->summary_channels) +
+	       al256((size_t)k->n_blocks * sizeof(float));
+}
+
+/* Device copy of a K/V pair with room for @cap tokens (@final: a final
+ * segment, given 8-bit summaries where the option asks); synchronous on
+ * this thread's default stream. */
 static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
-			      const struct mkv_segment *v, uint32_t cap, int *prc)
+			      const struct mkv_segment *v, uint32_t cap, bool final, int *prc)
 {
 	cudaStream_t st = cudaStreamPerThread;
 	struct dseg *x = calloc(1, sizeof(*x));
 	size_t bytes = gpu_seg_cap_bytes(&k->v, &v->v, cap);
 	size_t pbytes = bytes ? pos_bytes(g, &k->v, &v->v, cap) : 0;
+	size_t sbytes = bytes ? sum8_bytes(g, &k->v, final) : 0;
 	void *img = bytes ? malloc(bytes) : NULL;
 	int rc = -ENOMEM;
 	if (!x || !img) {
 		rc = bytes ? -ENOMEM : -EINVAL;
 		goto fail;
 	}
-	if ((rc = dalloc(g, &x->mem, bytes + pbytes, st)))
+	if ((rc = dalloc(g, &x->mem, bytes + pbytes + sbytes, st)))
 		goto fail;
 	/* An update buffer (growable segments) carries its projections, so
 	 * rows appended on the device are the ones the CPU would append. */
@@ -303,9 +319,18 @@ static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
 		x->g.k_pos = kp;
 		x->g.v_pos = vp;
 	}
+	if (sbytes) {
+		/* from the bf16 summaries just copied, behind them */
+		int8_t *rows = (int8_t *)x->mem + bytes + pbytes;
+		float *sc = (float *)(rows + al256((size_t)x->g.n_blocks * 2 * x->g.S));
+		if ((rc = gpu_seg_sum8(x->g.s_min, x->g.s_max, x->g.S, x->g.n_blocks, rows, sc, st)))
+			goto fail;
+		x->g.s8 = rows;
+		x->g.s8_scale = sc;
+	}
 	CK(cudaStreamSynchronize(st));
 	free(img);
-	bytes += pbytes;
+	bytes += pbytes + sbytes;
 	x->bytes = bytes;
 	x->cap = cap;
 	bytes_add(g, bytes);
@@ -330,7 +355,7 @@ struct dseg *seqgpu_upload(struct seqgpu *g, const struct mkv_segment *k,
 	int prev, rc = 0;
 	struct dseg *x = NULL;
 	if (dev_enter(g, &prev) == 0) {
-		x = dseg_make(g, k, v, k->v.n, &rc);
+		x = dseg_make(g, k, v, k->v.n, true, &rc);
 		dev_leave(g, prev);
 	}
 	if (!x)
@@ -510,7 +535,7 @@ static int seg_ready(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		if (rc == 0)
 			rc = mkv_store_get_segment(s->store, &vk, &V);
 		if (rc == 0)
-			x = dseg_make(g, K, V, K->v.n, &rc);
+			x = dseg_make(g, K, V, K->v.n, true, &rc);
 		mkv_segment_destroy(K);
 		mkv_segment_destroy(V);
 		if (!x)
@@ -522,7 +547,7 @@ static int seg_ready(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		return 0;
 	/* New, too small, or too far behind: upload the host's packed copy. */
 	uint32_t cap = r->open ? buf_cap(r->len, g->max_segment) : r->len;
-	struct dseg *y = dseg_make(g, r->k, r->v, cap, &rc);
+	struct dseg *y = dseg_make(g, r->k, r->v, cap, false, &rc);
 	if (!y)
 		return rc;
 	seqgpu_retire(g, x);

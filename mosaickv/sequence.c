@@ -56,6 +56,7 @@ static void seq_opts_defaults(struct mkv_seq_opts *o, size_t size)
 	o->refine = 0.0;
 	o->attend_threads = 1;
 	o->device_positions = 0;
+	o->summary_bits = 16;
 }
 
 /* Internal: summary_channels of a version-1 caller, "S = r". */
@@ -131,7 +132,8 @@ static bool seq_opts_valid(const struct mkv_seq_opts *o)
 			     o->r > dk || o->r % o->g || dk % o->g))
 		return false;
 	return o->lag_cap >= ((size_t)1 << 20) && o->staging_bytes > 0 &&
-	       o->attend_threads <= 64 && o->device_positions <= 1;
+	       o->attend_threads <= 64 && o->device_positions <= 1 &&
+	       (o->summary_bits == 8 || o->summary_bits == 16);
 }
 
 static void strat_free(struct strat *s)
@@ -1276,7 +1278,17 @@ static int attend_head(struct mkv_seq *s, uint32_t layer, uint32_t h,
 			struct mkv_attn_opts o1 = ao;
 
 			o1.token_frac = attn_stage1_frac(&ao);
-			if ((rc = attn_select(&o1, qh, kp, m, mask)))
+			/* 8-bit scores on final segments alone, as on the device */
+			uint8_t *use8 = calloc(m ? m : 1, 1);
+			if (!use8) {
+				rc = -ENOMEM;
+				goto inner;
+			}
+			for (size_t i = 0; i < m; i++)
+				use8[i] = hp[i] && hp[i]->final && seq_sum8_ok(kp[i]->v.summary_channels);
+			rc = attn_select8(&o1, qh, kp, m, mask, use8);
+			free(use8);
+			if (rc)
 				goto inner;
 		}
 		l->npred = l->npblocks = 0;
@@ -1574,6 +1586,7 @@ int mkv_seq_attend(struct mkv_seq *s, uint32_t layer, const float *q,
 	ao.d = s->o.d;
 	ao.token_frac = s->o.token_frac;
 	ao.refine = s->o.refine;
+	ao.summary_bits = s->o.summary_bits;
 	int rc = attn_check(&ao, q);
 	if (rc)
 		return rc;

@@ -159,6 +159,20 @@ struct mkv_seq_opts {
 	                          * Other formats keep bitmaps alone.
 	                          * 0 (default): bitmaps alone.  Results are
 	                          * the same */
+	/* Version 6 (earlier versions get 16). */
+	uint32_t summary_bits;   /* 16 (default): blocks scored by their bf16
+	                          * summaries' bound.  8: final segments whose
+	                          * S is 8, 16, 24 or 32 are scored in integers
+	                          * on 8-bit summaries and an 8-bit rotated
+	                          * query (mkv_attn_opts.summary_bits; the GPU
+	                          * keeps the 8-bit summaries beside the bf16
+	                          * ones, 2S + 4 bytes a block, and its score
+	                          * stage is ~13 % shorter at 1M tokens on the
+	                          * H200, docs/PERF.md), on the host and the
+	                          * device path alike; the open and pending
+	                          * segments keep the bound.  Selection moves
+	                          * little (docs/ACCURACY.md "All-integer
+	                          * scores") */
 };
 
 MKV_API int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size);

@@ -40,7 +40,8 @@ class SeqOpts(C.Structure):
                 ("staging_bytes", C.c_size_t), ("device_attend", C.c_uint32),
                 ("value_bits", C.c_uint32), ("adaptive", C.c_uint32),
                 ("summary_channels", C.c_uint32), ("refine", C.c_double),
-                ("attend_threads", C.c_uint32), ("device_positions", C.c_uint32)]
+                ("attend_threads", C.c_uint32), ("device_positions", C.c_uint32),
+                ("summary_bits", C.c_uint32)]
 
 
 class SeqStats(C.Structure):
@@ -149,14 +150,16 @@ class Sequence:
     staging_bytes); the results are the same.  device_positions=True keeps
     each value's channel beside the bitmaps in the device copies of bf16
     segments (value_bits=0, g=1, r <= 32): a faster GPU attend for more
-    device bytes, the same results."""
+    device bytes, the same results.  summary_bits=8 scores final segments
+    (S of 8, 16, 24 or 32) in integers on 8-bit summaries, on both paths:
+    a shorter GPU score stage, a slightly different selection."""
 
     def __init__(self, store, seq_id, *, layers, kv_heads, q_per_kv, d,
                  r=0, g=1, b=16, drop=False, token_frac=0.1, window=64,
                  prefill_segment=4096, min_segment=256, max_segment=65536,
                  loss_threshold=0.3, store_dtype="bf16", value_bits=6,
                  adaptive=False, summary_channels=0, refine=0.0, attend_threads=1,
-                 device_positions=False):
+                 device_positions=False, summary_bits=16):
         o = SeqOpts()
         _check(_L.mkv_seq_opts_init(C.byref(o), C.sizeof(o)),
                "sequence options (binding out of date?)")
@@ -170,6 +173,7 @@ class Sequence:
         o.refine = refine
         o.attend_threads = attend_threads
         o.device_positions = int(device_positions)
+        o.summary_bits = summary_bits
         self.refine = refine
         o.store_dtype = _lib.MKV_DTYPE_F32 if store_dtype == "f32" else _lib.MKV_DTYPE_BF16
         self.store = store  # keeps the store alive

@@ -163,6 +163,7 @@ struct cfg {
 	double tol_dense_max;     /* and its largest */
 	uint32_t flush_every;     /* mkv_seq_flush every this many tokens */
 	double qscale;            /* query elements ~ N(0, qscale²) */
+	uint32_t sb;              /* mkv_seq_opts.summary_bits (0: 16) */
 };
 
 static double rel(const float *a, const float *b, size_t n)
@@ -198,6 +199,7 @@ static void run(const struct cfg *c)
 	o.b = 16;
 	o.drop = c->drop;
 	o.store_dtype = MKV_DTYPE_BF16;
+	o.summary_bits = c->sb ? c->sb : 16;
 	o.staging_bytes = (size_t)16 << 20;
 	struct mkv_seq *s = NULL;
 	int rc = mkv_seq_open(st, &o, 77, &s);
@@ -379,6 +381,22 @@ Test(gpu_seq, compressed_selection, .timeout = 900)
 			.burst_at = 150, .burst = 20, .every = 3, .tol_cpu = 0.15,
 			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 97,
 			.qscale = 0.5};
+	run(&c);
+}
+
+/* 8-bit scores (mkv_seq_opts.summary_bits = 8) on the bench's format
+ * (bf16 r = 32, S = 32): the device scores its final segments in integers
+ * as the host path does; blocks within rounding of the cut-off (and where
+ * the two sides' rotated queries round a channel to different integers)
+ * may go either way, as in compressed_selection. */
+Test(gpu_seq, sum8_selection, .timeout = 900)
+{
+	struct cfg c = {.name = "sum8", .L = 2, .H = 2, .G = 4, .d = 128, .n0 = 1500,
+			.steps = 300, .prefill_segment = 512, .min_segment = 64,
+			.max_segment = 512, .window = 32, .r = 32, .drop = 1, .frac = 0.1,
+			.burst_at = 150, .burst = 20, .every = 3, .tol_cpu = 0.15,
+			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 97,
+			.qscale = 0.5, .sb = 8};
 	run(&c);
 }
 

@@ -138,7 +138,8 @@ def main():
         check(np.array_equal(seq2.attend(0, q), out), f"{extra}: the same output")
         seq2.close()
     seq.close()
-    for sid, bad in ((80, dict(refine=0.5)), (83, dict(device_positions=2))):
+    for sid, bad in ((80, dict(refine=0.5)), (83, dict(device_positions=2)),
+                     (84, dict(summary_bits=12))):
         try:
             Sequence(st, sid, layers=1, kv_heads=H, q_per_kv=G, d=d, **bad)
             check(False, f"{bad} accepted")
