@@ -805,7 +805,9 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 	uint32_t si = cur.si, j = cur.j0 + row, S = cur.S, b = cur.b, n = cur.n;
 	const uint16_t *mn = cur.mn + (size_t)row * S, *mx = cur.mx + (size_t)row * S;
 	const uint16_t *rest = cur.rest ? cur.rest + row : NULL;
-	bool q8 = cur.q8;
+	/* the tile's rows only where the row is in its segment (@here): past
+	 * it, the next segment's below */
+	bool q8 = here && cur.q8;
 	const uint4 *r8 = q8 ? cur.r8 + (size_t)row * (S / 8) : NULL;
 	float s8 = q8 ? __ldg(cur.sc8 + row) : 0.0f;
 	if (!here) {
