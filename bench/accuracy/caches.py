@@ -276,6 +276,11 @@ def make_cache(method, cfg, *, r=16, token_frac=0.1, store=None):
         # MosaicCache's CPU default is now two stages ("mosaickv_r2").
         return mhf.MosaicCache(cfg, store=store, r=r, token_frac=token_frac,
                                value_bits=VALUE_BITS, refine=0.0)
+    if method == "mosaickv_s8":
+        # mosaickv with 8-bit block scores (mkv_seq_opts.summary_bits = 8:
+        # final segments scored in integers, docs/ACCURACY.md).
+        return mhf.MosaicCache(cfg, store=store, r=r, token_frac=token_frac,
+                               value_bits=VALUE_BITS, refine=0.0, summary_bits=8)
     if method == "mosaickv_r2":
         # Two-stage selection (mkv_seq_opts.refine = 2): the bound names
         # twice the budget's blocks, their keys pick the budget.

@@ -249,7 +249,7 @@ def study(a):
     t0 = time.time()
     base = [("full", 1.0, 1.0), ("mosaickv",) + DEFAULT, ("quest", 1.0, DEFAULT[1]),
             ("globalmask",) + DEFAULT, ("mosaickv_seg",) + DEFAULT,
-            ("mosaickv_r2",) + DEFAULT]
+            ("mosaickv_r2",) + DEFAULT, ("mosaickv_s8",) + DEFAULT]
     if a.methods:
         # Only these (without "full" no variant is stopped as uncalibrated:
         # for adding a method to a study whose calibration is known).
@@ -361,7 +361,7 @@ def report_study(st, plot=None):
 
     keys = [("full", 1.0, 1.0), ("mosaickv",) + DEFAULT, ("quest", 1.0, DEFAULT[1]),
             ("globalmask",) + DEFAULT, ("mosaickv_seg",) + DEFAULT,
-            ("mosaickv_r2",) + DEFAULT]
+            ("mosaickv_r2",) + DEFAULT, ("mosaickv_s8",) + DEFAULT]
     lines.append("| task | length | n | full | mosaickv, one stage | Quest | global mask "
                  "| mosaickv one stage, SegmentCache | **mosaickv, two stages (refine 2)** |")
     lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
