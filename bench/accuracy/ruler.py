@@ -363,8 +363,9 @@ def report_study(st, plot=None):
             ("globalmask",) + DEFAULT, ("mosaickv_seg",) + DEFAULT,
             ("mosaickv_r2",) + DEFAULT, ("mosaickv_s8",) + DEFAULT]
     lines.append("| task | length | n | full | mosaickv, one stage | Quest | global mask "
-                 "| mosaickv one stage, SegmentCache | **mosaickv, two stages (refine 2)** |")
-    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+                 "| mosaickv one stage, SegmentCache | **mosaickv, two stages (refine 2)** "
+                 "| mosaickv one stage, 8-bit scores |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     cal, summary = [], {m: [] for m, _, _ in keys}
     order = sorted(st["tasks"], key=lambda t: STUDY.index(t) if t in STUDY else len(STUDY))
     for L in st["lengths"]:
@@ -386,7 +387,7 @@ def report_study(st, plot=None):
     lines.append("| loss vs full (points) | | | | " + " | ".join(
         f"{avg['full'] - avg[m]:.1f}" for m, _, _ in keys[1:]) + " |")
     for nm, L, why in st.get("skipped", []):
-        lines.append(f"| {nm} | {L // 1000}K | 0 | not run: {why} not calibrated | | | | |")
+        lines.append(f"| {nm} | {L // 1000}K | 0 | not run: {why} not calibrated | | | | | | |")
     # The sweep over the sweep examples of the calibrated tasks.
     ns = len([k for k in swept if (k[0], k[1]) in cal])
     if ns:
@@ -428,7 +429,8 @@ def report_study(st, plot=None):
                  f"quest_avg_loss_pct={avg['full'] - avg['quest']:.1f} "
                  f"globalmask_avg_loss_pct={avg['full'] - avg['globalmask']:.1f} "
                  f"full_avg_pct={avg['full']:.1f} "
-                 f"onestage_avg_loss_pct={avg['full'] - avg['mosaickv']:.1f}")
+                 f"onestage_avg_loss_pct={avg['full'] - avg['mosaickv']:.1f} "
+                 f"s8_avg_loss_pct={avg['full'] - avg['mosaickv_s8']:.1f}")
     return "\n".join(lines)
 
 
