@@ -4287,28 +4287,33 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 /* merge: grid (H, NQ); a thread per 4 channels and slot group.          */
 
 #define MERGE_T 1024
-#define MERGE_U 8 /* slots in flight per thread */
+#define MERGE_U 8      /* slots in flight per thread */
+#define MERGE_PRE 4    /* slot states a thread loads before the compaction */
+#define MERGE_LIVE 1024 /* live slots the compaction keeps */
+#define MERGE_UL 4     /* live slots in flight per thread */
 
 /*
  * Flash-decoding merge of a context's partial states (slots: m in the exp2
- * domain, l, unnormalized o).  Every thread folds its slots online (a
- * running maximum, rescaled when it grows), all loads of a round issued
- * before any math: one or two rounds of L2 loads per thread instead of a
- * pass for the maximum and then the sums; then the groups' states are
- * combined in shared memory.  Slots with l = 0 are empty.
+ * domain, l, unnormalized o); slots with l = 0 are empty.
+ *
+ * After k_segrot most slots are empty (at 1M tokens, batch 1: ~66 live of
+ * 2,576), so the merge first compacts the live slots, in slot order, with
+ * their (m, l): one round of 8-byte loads and a block scan.  With the
+ * maximum known it then reads only the live slots' values, each thread a
+ * slot group, every weight exp2(m - M) final: one round of L2 loads where
+ * the scan over every slot took ceil(slots / 256) (~7 us of a ~200 us
+ * step).  The order of the sums is fixed, so the output is the same run
+ * to run.  Where more than MERGE_T * MERGE_PRE slots exist or more than
+ * MERGE_LIVE are live (dense and Quest steps), or with @all
+ * (GPU_ATTN_MERGE_ALL), merge_all folds every slot online instead.
  */
 template <int D>
-__global__ void __launch_bounds__(MERGE_T) k_merge(uint32_t nq, char *ws, struct ws_layout L,
-						   float *out)
+static __device__ __noinline__ void merge_all(const float *po, const float *pml, uint32_t ns,
+						 uint32_t nq, uint32_t h, float4 (*so)[D / 4],
+						 float (*sm)[D / 4], float (*sl)[D / 4], float *out)
 {
-	pdl_begin();
 	constexpr int NC = D / 4, G = MERGE_T / NC;
-	uint32_t hi = blockIdx.x, h = blockIdx.y;
-	const float *po = WSP(float, L, part_o, ws, hi);
-	const float *pml = WSP(float, L, part_ml, ws, hi);
-	__shared__ float4 so[G][NC];
-	__shared__ float sm[G][NC], sl[G][NC];
-	uint32_t ns = L.slots, q4 = threadIdx.x % NC, g = threadIdx.x / NC;
+	uint32_t q4 = threadIdx.x % NC, g = threadIdx.x / NC;
 	float M = -INFINITY, l = 0.0f;
 	float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 	for (uint32_t s0 = g; s0 < ns; s0 += G * MERGE_U) {
@@ -4364,6 +4369,128 @@ __global__ void __launch_bounds__(MERGE_T) k_merge(uint32_t nq, char *ws, struct
 			O.z = fmaf(f, v.z, O.z);
 			O.w = fmaf(f, v.w, O.w);
 		}
+	float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	if (L_ > 0.0f)
+		r = make_float4(O.x / L_, O.y / L_, O.z / L_, O.w / L_);
+	((float4 *)(out + ((size_t)blockIdx.x * nq + h) * D))[q4] = r;
+}
+
+/* grid (H, NQ): a context and head each */
+template <int D>
+__global__ void __launch_bounds__(MERGE_T) k_merge(uint32_t nq, char *ws, struct ws_layout L,
+						   float *out, uint32_t all)
+{
+	pdl_begin();
+	constexpr int NC = D / 4, G = MERGE_T / NC, NW = MERGE_T / 32;
+	uint32_t hi = blockIdx.x, h = blockIdx.y;
+	const float *po = WSP(float, L, part_o, ws, hi);
+	const float *pml = WSP(float, L, part_ml, ws, hi);
+	__shared__ float4 so[G][NC];
+	__shared__ float sm[G][NC], sl[G][NC];
+	__shared__ uint32_t lv[MERGE_LIVE];
+	__shared__ float lw[MERGE_LIVE], lm[MERGE_LIVE];
+	__shared__ uint32_t wcnt[NW];
+	__shared__ float wmax[NW];
+	const uint32_t ns = L.slots, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+	if (all || ns > MERGE_T * MERGE_PRE) {
+		merge_all<D>(po, pml, ns, nq, h, so, sm, sl, out);
+		return;
+	}
+	/* ---- the live slots, in slot order, with their m and l ---- */
+	float2 ml[MERGE_PRE];
+#pragma unroll
+	for (int k = 0; k < MERGE_PRE; k++) {
+		uint32_t x = threadIdx.x + MERGE_T * k;
+		ml[k] = x < ns ? __ldg((const float2 *)(pml + ((size_t)x * nq + h) * 2))
+			       : make_float2(0.0f, 0.0f);
+	}
+	uint32_t nlive = 0;
+	float mx = -INFINITY;
+#pragma unroll
+	for (int k = 0; k < MERGE_PRE; k++) {
+		if (MERGE_T * k >= ns) /* CTA-uniform */
+			break;
+		const bool live = ml[k].y > 0.0f;
+		const uint32_t bal = __ballot_sync(0xffffffffu, live);
+		if (lane == 0)
+			wcnt[wid] = __popc(bal);
+		__syncthreads();
+		uint32_t c = lane < NW ? wcnt[lane] : 0u, inc = c;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			uint32_t v = __shfl_up_sync(0xffffffffu, inc, o);
+			if (lane >= (uint32_t)o)
+				inc += v;
+		}
+		const uint32_t before = __shfl_sync(0xffffffffu, inc - c, wid);
+		const uint32_t tot = __shfl_sync(0xffffffffu, inc, 31);
+		const uint32_t at = nlive + before + __popc(bal & ((1u << lane) - 1u));
+		if (live && at < MERGE_LIVE) {
+			lv[at] = threadIdx.x + MERGE_T * k;
+			lm[at] = ml[k].x;
+			lw[at] = ml[k].y;
+		}
+		if (live)
+			mx = fmaxf(mx, ml[k].x);
+		nlive += tot;
+		__syncthreads(); /* wcnt is read before the next round writes it */
+	}
+	if (nlive > MERGE_LIVE) { /* CTA-uniform */
+		merge_all<D>(po, pml, ns, nq, h, so, sm, sl, out);
+		return;
+	}
+	for (int o = 16; o > 0; o >>= 1)
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+	if (lane == 0)
+		wmax[wid] = mx;
+	__syncthreads();
+	float M = -INFINITY;
+	for (int k = 0; k < NW; k++)
+		M = fmaxf(M, wmax[k]);
+	/* each live slot's weight (lm: m, then the weight; lw: l) */
+	for (uint32_t i = threadIdx.x; i < nlive; i += MERGE_T)
+		lm[i] = exp2f(lm[i] - M);
+	__syncthreads();
+	/* ---- the values: thread (q4, g) takes live slots g, g + G, ... ---- */
+	const uint32_t q4 = threadIdx.x % NC, g = threadIdx.x / NC;
+	float l = 0.0f;
+	float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	for (uint32_t i0 = g; i0 < nlive; i0 += G * MERGE_UL) {
+		float4 ov[MERGE_UL];
+#pragma unroll
+		for (int u = 0; u < MERGE_UL; u++) {
+			uint32_t i = i0 + G * u;
+			if (i < nlive)
+				ov[u] = __ldg((const float4 *)(po + ((size_t)lv[i] * nq + h) * D) + q4);
+		}
+#pragma unroll
+		for (int u = 0; u < MERGE_UL; u++) {
+			uint32_t i = i0 + G * u;
+			if (i < nlive) {
+				float f = lm[i];
+				l = fmaf(f, lw[i], l);
+				o.x = fmaf(f, ov[u].x, o.x);
+				o.y = fmaf(f, ov[u].y, o.y);
+				o.z = fmaf(f, ov[u].z, o.z);
+				o.w = fmaf(f, ov[u].w, o.w);
+			}
+		}
+	}
+	so[g][q4] = o;
+	sl[g][q4] = l;
+	__syncthreads();
+	if (g != 0)
+		return;
+	float L_ = 0.0f;
+	float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	for (int k = 0; k < G; k++) {
+		float4 v = so[k][q4];
+		L_ += sl[k][q4];
+		O.x += v.x;
+		O.y += v.y;
+		O.z += v.z;
+		O.w += v.w;
+	}
 	float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 	if (L_ > 0.0f)
 		r = make_float4(O.x / L_, O.y / L_, O.z / L_, O.w / L_);
@@ -5049,7 +5176,7 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 				  0, s, heads, (char *)a->ws, L));
 	}
 	GPU_CK(gpu_launch(pdl_of(a), k_merge<D>, dim3(a->n_heads, NQ), MERGE_T, 0, s, (uint32_t)NQ,
-			  (char *)a->ws, L, a->out));
+			  (char *)a->ws, L, a->out, (uint32_t)!!(a->flags & GPU_ATTN_MERGE_ALL)));
 	return 0;
 }
 
@@ -5095,7 +5222,7 @@ static int launch_dense_tc(const struct gpu_attn_args *a, const struct gpu_dense
 	kern<<<dim3(S, a->n_heads), 128, smem, s>>>(heads, a->q, scale2_of(a), (char *)a->ws, L, S);
 	GPU_CKL();
 	GPU_CK(gpu_launch(pdl_of(a), k_merge<D>, dim3(a->n_heads, NQ), MERGE_T, 0, s, (uint32_t)NQ,
-			  (char *)a->ws, L, a->out));
+			  (char *)a->ws, L, a->out, (uint32_t)!!(a->flags & GPU_ATTN_MERGE_ALL)));
 	return 0;
 }
 
@@ -5143,7 +5270,7 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 	GPU_CK(gpu_launch(quest && pdl_of(a), k_attn_dense<NQ, D>, dim3(L.slots, a->n_heads), 128,
 			  0, s, heads, a->q, scale2_of(a), ws, L, quest, a->quest_b));
 	GPU_CK(gpu_launch(pdl_of(a), k_merge<D>, dim3(a->n_heads, NQ), MERGE_T, 0, s, (uint32_t)NQ,
-			  ws, L, a->out));
+			  ws, L, a->out, (uint32_t)!!(a->flags & GPU_ATTN_MERGE_ALL)));
 	return 0;
 }
 

@@ -194,6 +194,10 @@ struct gpu_attn_args {
  * its window from the scores itself (faster on the H200 at batch 1;
  * gpu/NOTES.md). */
 #define GPU_ATTN_SELECT_LIST 512u
+/* The merge folds every slot online (the version before it compacted the
+ * live slots first; kept to compare, and the path of steps with more than
+ * 4,096 slots or 1,024 live ones). */
+#define GPU_ATTN_MERGE_ALL 4096u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

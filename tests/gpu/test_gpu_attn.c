@@ -1581,6 +1581,27 @@ Test(gpu, quest_chunk64)
 	check_dense(1, 128, 1, 8, 0.3);
 }
 
+/* The merge's fold over every slot (GPU_ATTN_MERGE_ALL: the path of steps
+ * with more than 4,096 slots or 1,024 live ones), against the CPU: a
+ * packed step over multi-chunk segments (most slots empty after k_segrot),
+ * dense and Quest steps (every slot live). */
+Test(gpu, merge_all_packed_long_segments, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_MERGE_ALL;
+	check_packed_rq(128, 4, 1, 1, 8, 0.6, 37, 32, 0);
+}
+Test(gpu, merge_all_dense)
+{
+	g_flags = GPU_ATTN_MERGE_ALL;
+	check_dense(0, 128, 4, 16, 1.0);
+}
+Test(gpu, merge_all_quest_d64)
+{
+	g_flags = GPU_ATTN_MERGE_ALL;
+	check_dense(1, 64, 8, 32, 0.2);
+}
+
 Test(gpu, bad_arguments)
 {
 	GU_NEED_GPU();
