@@ -2426,42 +2426,46 @@ static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const
 	 * trip per 16 bytes: ncu, 8 % of the staged kernel's stall samples) */
 	if (load_rv && !N)
 		cta_copy_async(rv, sg.v_rot, vdk * D * 2);
-	/* a head at a time: its warps' weights once, no division by vdk (it
-	 * was 3 % of the staged kernel's instructions at 1M tokens) */
-	for (uint32_t h = 0; h < NQ; h++) {
+	/* the warps' weights, a thread per (head, warp), then a head at a
+	 * time without a division by vdk (every thread computing all of them
+	 * was 3.4 % of the staged kernel's instructions at 1M tokens) */
+	__shared__ float fw[8 * 4];
+	if (threadIdx.x < 4 * NQ) {
+		const uint32_t h = threadIdx.x >> 2, ww = threadIdx.x & 3;
 		float M = -INFINITY;
-		for (int ww = 0; ww < 4; ww++)
-			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		float f[4];
-		bool live[4];
-		for (int ww = 0; ww < 4; ww++) {
-			float mw = sml[(ww * NQ + h) * 2];
-			live[ww] = mw != -INFINITY;
-			f[ww] = live[ww] ? exp2f(mw - M) : 0.0f;
+		for (int k = 0; k < 4; k++)
+			M = fmaxf(M, sml[(k * NQ + h) * 2]);
+		const float mw = sml[(ww * NQ + h) * 2];
+		const float f = mw != -INFINITY ? exp2f(mw - M) : 0.0f;
+		fw[threadIdx.x] = f;
+		const uint32_t m4 = 4 * NQ >= 32 ? 0xffffffffu : (1u << (4 * NQ)) - 1u;
+		float ll = f * sml[(ww * NQ + h) * 2 + 1];
+		ll += __shfl_xor_sync(m4, ll, 1);
+		ll += __shfl_xor_sync(m4, ll, 2);
+		if (ww == 0) {
+			pml[2 * h] = M;
+			pml[2 * h + 1] = ll;
 		}
+	}
+	__syncthreads();
+	for (uint32_t h = 0; h < NQ; h++) {
+		const float4 f = *(const float4 *)&fw[4 * h];
 		for (uint32_t c = threadIdx.x; c < vdk; c += blockDim.x) {
+			const float *a = sacc + h * GPU_MAX_D + c;
 			float o = 0.0f;
-			for (int ww = 0; ww < 4; ww++)
-				if (live[ww])
-					o += f[ww] * sacc[(ww * NQ + h) * GPU_MAX_D + c];
+			if (f.x != 0.0f)
+				o += f.x * a[0];
+			if (f.y != 0.0f)
+				o += f.y * a[NQ * GPU_MAX_D];
+			if (f.z != 0.0f)
+				o += f.z * a[2 * NQ * GPU_MAX_D];
+			if (f.w != 0.0f)
+				o += f.w * a[3 * NQ * GPU_MAX_D];
 			if (N)
 				po[h * D + c] = o;
 			else
 				orot[c * 8 + h] = o;
 		}
-	}
-	if (threadIdx.x < NQ) {
-		int h = threadIdx.x;
-		float M = -INFINITY, ll = 0.0f;
-		for (int ww = 0; ww < 4; ww++)
-			M = fmaxf(M, sml[(ww * NQ + h) * 2]);
-		for (int ww = 0; ww < 4; ww++) {
-			float mw = sml[(ww * NQ + h) * 2];
-			if (mw != -INFINITY)
-				ll += exp2f(mw - M) * sml[(ww * NQ + h) * 2 + 1];
-		}
-		pml[2 * h] = M;
-		pml[2 * h + 1] = ll;
 	}
 	if (N) {
 		if (threadIdx.x == 0) {
