@@ -460,6 +460,32 @@ int mkv_summary8(const struct mkv_segment *k, int8_t *rows, float *scale)
 	return 0;
 }
 
+int seg_make_sum8(struct mkv_segment *k)
+{
+	if (!k || k->v.kind != MKV_KIND_KEY || k->v.summary_channels == 0 ||
+	    k->v.summary_channels > 256 || k->proj_f32 ||
+	    (k->v.n_blocks && (!k->v.sum_min || !k->v.sum_max)))
+		return -EINVAL;
+	if (k->sum8)
+		return 0;
+	const struct mkv_packed_view *kv = &k->v;
+	uint32_t S = kv->summary_channels;
+	size_t nb = kv->n_blocks ? kv->n_blocks : 1;
+	int8_t *rows = malloc(nb * 2 * S);
+	float *sc = malloc(nb * sizeof(float));
+	if (!rows || !sc) {
+		free(rows);
+		free(sc);
+		return -ENOMEM;
+	}
+	for (uint32_t j = 0; j < kv->n_blocks; j++)
+		if (!block8(kv, j, rows + (size_t)j * 2 * S, &sc[j]))
+			sc[j] = NAN;
+	k->sum8 = rows;
+	k->sum8_scale = sc;
+	return 0;
+}
+
 int mkv_query8(const float *qr, uint32_t S, int8_t *qi, float *scale)
 {
 	if (!qr || !qi || !scale || S == 0 || S > 256)
@@ -525,11 +551,21 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 		for (uint32_t h = 0; b8 && h < o->n_q; h++)
 			if (mkv_query8(qr + (size_t)h * S, S, qi + (size_t)h * S, &qsc[h]))
 				b8 = false; /* a non-finite q': the bound, which carries it */
+		/* the segment's rows where it keeps them (seg_make_sum8), else
+		 * each made here */
+		const int8_t *rows8 = k[i]->sum8;
 		for (uint32_t j = 0; j < kv->n_blocks; j++, ci++) {
 			uint32_t i0 = j * kv->b;
-			float rest = mkv_elem(kv->sum_rest, kv->store_dtype, j), sc8;
-			float sc = b8 && block8(kv, j, row, &sc8)
-					   ? score8(o->n_q, S, qi, qsc, qperp, row, sc8, rest)
+			float rest = mkv_elem(kv->sum_rest, kv->store_dtype, j), sc8 = NAN;
+			const int8_t *r8 = row;
+			if (b8 && rows8) {
+				r8 = rows8 + (size_t)j * 2 * S;
+				sc8 = k[i]->sum8_scale[j];
+			} else if (b8 && !block8(kv, j, row, &sc8)) {
+				sc8 = NAN;
+			}
+			float sc = b8 && !isnan(sc8)
+					   ? score8(o->n_q, S, qi, qsc, qperp, r8, sc8, rest)
 					   : bound_score(qr, o->n_q, S, kv->sum_min, kv->sum_max,
 							 kv->store_dtype, (size_t)j * S, S, qperp,
 							 rest);

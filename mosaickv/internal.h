@@ -25,7 +25,25 @@ struct mkv_segment {
 	/* Growable segments: the projection appends encode with (d_keep × d,
 	 * mkv_rot_projection of rot_f32); NULL otherwise. */
 	float *proj_f32;
+	/* A key segment that no longer changes (a sequence's final
+	 * skeletons): its blocks' 8-bit rows, made once by seg_make_sum8
+	 * (n_blocks × 2S bytes: mkv_summary8's) and their scales (NaN for a
+	 * block with a non-finite summary: scored by the bound).  NULL
+	 * otherwise; the 8-bit score then makes each row per step.  Never
+	 * set on a segment that can still grow: its last block's summaries
+	 * change. */
+	int8_t *sum8;
+	float *sum8_scale;
 };
+
+/*
+ * Make @k's 8-bit rows once (struct mkv_segment's sum8), before @k is
+ * shared with any reader: attend threads read them without a lock.
+ * Returns 0 (also when they exist), -EINVAL (not a key segment, no
+ * summaries, more than 256 summary channels, or a growable segment),
+ * -ENOMEM (nothing set).
+ */
+MKV_HIDDEN int seg_make_sum8(struct mkv_segment *k);
 
 /*
  * Growable segments (segment.c), for the update buffer of a decode segment.

@@ -151,6 +151,8 @@ void mkv_segment_destroy(struct mkv_segment *s)
 	free(s->sum_rest);
 	free(s->rot_f32);
 	free(s->proj_f32);
+	free(s->sum8);
+	free(s->sum8_scale);
 	free(s);
 }
 

@@ -451,6 +451,20 @@ static struct mkv_seg_key seg_key(const struct mkv_seq *s, uint32_t layer,
 	return seq_key(s, layer, head, id, kind);
 }
 
+/* With 8-bit scores on the host path (no device copies, or refine > 1),
+ * a final key skeleton keeps its blocks' 8-bit rows, made here on the
+ * worker before the swap publishes it: the attends read them without a
+ * lock, where they made each row per step (2S divisions a block: the
+ * host score 2.9x the bound's time, bench/hostscore).  The device path
+ * makes its own on the device.  Out of memory leaves them to be made per
+ * step. */
+static void keep_sum8(const struct mkv_seq *s, struct mkv_segment *k)
+{
+	if (s->o.summary_bits == 8 && (!s->gpu || s->o.refine > 1.0) &&
+	    seq_sum8_ok(k->v.summary_channels))
+		(void)seg_make_sum8(k);
+}
+
 /* Put a K/V pair in the store and strip them to skeletons.  On failure
  * nothing stays in the store. */
 static int store_pair(struct mkv_seq *s, uint32_t layer, uint32_t head,
@@ -562,6 +576,8 @@ static void job_run(void *arg)
 			strat_free(&d->st);
 			ks = vs = NULL;
 			dev = NULL;
+		} else {
+			keep_sum8(s, ks);
 		}
 	}
 	free(j->k);
@@ -768,6 +784,8 @@ static void pjob_run(struct pbatch *b, struct pjob *j)
 		strat_free(&j->st);
 		j->h.k = j->h.v = NULL;
 		j->h.dev = NULL;
+	} else {
+		keep_sum8(s, j->h.k);
 	}
 out:
 	free(kf);

@@ -170,9 +170,15 @@ struct mkv_seq_opts {
 	                          * stage is ~13 % shorter at 1M tokens on the
 	                          * H200, docs/PERF.md), on the host and the
 	                          * device path alike; the open and pending
-	                          * segments keep the bound.  Selection moves
-	                          * little (docs/ACCURACY.md "All-integer
-	                          * scores") */
+	                          * segments keep the bound.  On the host path
+	                          * (no device copies, or refine > 1) the
+	                          * final segments keep their 8-bit rows in
+	                          * host memory too (2S + 4 bytes a block,
+	                          * made once by the workers: the host score
+	                          * then takes 0.6x the bound's time instead
+	                          * of 2.9x, bench/hostscore).  Selection
+	                          * moves little (docs/ACCURACY.md
+	                          * "All-integer scores") */
 };
 
 MKV_API int mkv_seq_opts_init(struct mkv_seq_opts *o, size_t size);

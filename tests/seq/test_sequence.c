@@ -503,6 +503,189 @@ Test(sequence, attend_threads_change_nothing_but_time, .timeout = 120)
  * some of 64 steps (the option is applied: about a quarter of them on
  * this data), and the outputs stay as near exact
  * attention over all tokens as the bound's are (docs/ACCURACY.md). */
+/*
+ * seg_make_sum8 on its own: a key segment's rows and scales as mkv_summary8
+ * makes them, made once (a second call keeps them); a block with a
+ * non-finite summary gets a NaN scale and is scored as without kept rows;
+ * value segments, growable segments and NULL are refused, nothing set.
+ */
+Test(sequence, seg_make_sum8_rows_and_refusals)
+{
+	uint64_t rng = fresh_seed();
+	const uint32_t d = 64, n = 500;
+	float *x = malloc(sizeof(float) * n * d), q[4 * 64];
+	for (size_t i = 0; i < (size_t)n * d; i++)
+		x[i] = rng_normal(&rng) * (i % d < 3 ? 5.0f : 1.0f);
+	for (size_t i = 0; i < sizeof q / sizeof *q; i++)
+		q[i] = rng_normal(&rng);
+	struct mkv_encode_opts eo;
+	cr_assert_eq(mkv_encode_opts_init(&eo, sizeof eo), 0);
+	eo.d = d;
+	eo.r = 16;
+	eo.b = 16;
+	eo.kind = MKV_KIND_KEY;
+	eo.summary_channels = 24;
+	struct mkv_segment *k, *v, *grow;
+	cr_assert_eq(mkv_segment_encode(&eo, x, MKV_DTYPE_F32, n, &k), 0);
+	eo.kind = MKV_KIND_VALUE;
+	eo.summary_channels = 0;
+	cr_assert_eq(mkv_segment_encode(&eo, x, MKV_DTYPE_F32, n, &v), 0);
+	cr_assert_eq(seg_make_sum8(NULL), -EINVAL);
+	cr_assert_eq(seg_make_sum8(v), -EINVAL);
+	cr_assert_null(v->sum8);
+	float *R = malloc(sizeof(float) * d * d);
+	for (uint32_t i = 0; i < d * d; i++)
+		R[i] = i / d == i % d; /* the identity */
+	eo.kind = MKV_KIND_KEY;
+	eo.summary_channels = 24;
+	eo.rotation = R;
+	cr_assert_eq(seg_grow_create(&eo, &grow), 0);
+	cr_assert_eq(seg_make_sum8(grow), -EINVAL);
+	cr_assert_null(grow->sum8);
+	/* mkv_summary8's rows of the segment as encoded (it refuses one with
+	 * a non-finite summary), then a block's summary made non-finite:
+	 * block 3, channel 5 */
+	const uint32_t S = k->v.summary_channels, nb = k->v.n_blocks;
+	int8_t *rows = malloc((size_t)nb * 2 * S);
+	float *scale = malloc(sizeof(float) * nb);
+	cr_assert_eq(mkv_summary8(k, rows, scale), 0);
+	cr_assert(k->v.store_dtype == MKV_DTYPE_BF16);
+	((uint16_t *)k->sum_min)[3 * S + 5] = 0x7fc0; /* NaN */
+	cr_assert_eq(seg_make_sum8(k), 0);
+	const int8_t *made = k->sum8;
+	cr_assert_not_null(made);
+	cr_assert_eq(seg_make_sum8(k), 0);
+	cr_assert_eq(k->sum8, made, "a second call made the rows again");
+	for (uint32_t j = 0; j < nb; j++) {
+		if (j == 3) {
+			cr_assert(isnan(k->sum8_scale[j]), "block 3: scale %g", k->sum8_scale[j]);
+			continue;
+		}
+		cr_assert(memcmp(k->sum8 + (size_t)j * 2 * S, rows + (size_t)j * 2 * S, 2 * S) == 0,
+			  "block %u: rows differ from mkv_summary8's", j);
+		cr_assert(memcmp(&k->sum8_scale[j], &scale[j], sizeof(float)) == 0,
+			  "block %u: scale %g, mkv_summary8's %g", j, k->sum8_scale[j], scale[j]);
+	}
+	/* scores with the kept rows equal those made per step, bit for bit
+	 * (block 3 by the bound on both) */
+	struct mkv_attn_opts ao;
+	mkv_attn_opts_init(&ao, sizeof ao);
+	ao.n_q = 4;
+	ao.d = d;
+	ao.summary_bits = 8;
+	float *kept = malloc(sizeof(float) * nb), *step = malloc(sizeof(float) * nb);
+	cr_assert_eq(mkv_score_blocks(&ao, q, k, kept), 0);
+	int8_t *r8 = k->sum8;
+	float *s8 = k->sum8_scale;
+	k->sum8 = NULL;
+	k->sum8_scale = NULL;
+	cr_assert_eq(mkv_score_blocks(&ao, q, k, step), 0);
+	k->sum8 = r8;
+	k->sum8_scale = s8;
+	cr_assert(memcmp(kept, step, sizeof(float) * nb) == 0, "kept and per-step scores differ");
+	free(kept);
+	free(step);
+	free(rows);
+	free(scale);
+	free(R);
+	free(x);
+	mkv_segment_destroy(k);
+	mkv_segment_destroy(v);
+	mkv_segment_destroy(grow);
+}
+
+/*
+ * With 8-bit scores, every final key skeleton keeps its blocks' 8-bit rows
+ * (seg_make_sum8: made once on the worker, prefill's and decode's), equal
+ * to mkv_summary8's; with 16 bits none does.  Outputs with the kept rows
+ * are bit-equal to those with every row made per step.
+ */
+Test(sequence, summary_bits_8_final_keys_keep_their_rows, .timeout = 120)
+{
+	const uint32_t L = 1, H = 2, G = 4, d = 64, n0 = 1024, more = 200;
+	uint64_t rng = fresh_seed();
+	struct mkv_store *st = host_store((size_t)64 << 20);
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0 + more);
+	fill_random(&t, 0, n0 + more, &rng);
+	for (int bits = 8; bits <= 16; bits += 8) {
+		struct mkv_seq_opts o;
+		mkv_seq_opts_init(&o, sizeof o);
+		o.layers = L, o.kv_heads = H, o.q_per_kv = G, o.d = d;
+		o.prefill_segment = 256;
+		o.min_segment = 64;
+		o.max_segment = 128; /* decode segments close (job_run) */
+		o.value_bits = 0;
+		o.r = 16; /* S = 16 */
+		o.token_frac = 0.1;
+		o.summary_bits = bits;
+		struct mkv_seq *s;
+		cr_assert_eq(mkv_seq_open(st, &o, 90 + (uint64_t)bits, &s), 0);
+		prefill_all(s, &t, n0);
+		float kt[2 * 64], vt[2 * 64];
+		for (uint32_t i = 0; i < more; i++) {
+			for (uint32_t h = 0; h < H; h++) {
+				memcpy(kt + h * d, tk(&t, 0, h, n0 + i), sizeof(float) * d);
+				memcpy(vt + h * d, tv(&t, 0, h, n0 + i), sizeof(float) * d);
+			}
+			cr_assert_eq(mkv_seq_append(&s, 1, 0, kt, vt, MKV_DTYPE_F32), 0);
+		}
+		cr_assert_eq(mkv_seq_sync(s), 0);
+		uint32_t nfinal = 0, ndecode = 0;
+		for (uint32_t h = 0; h < H; h++) {
+			const struct lh *l = &s->lh[h];
+			for (size_t i = 0; i < l->nsegs; i++) {
+				const struct hseg *x = &l->segs[i];
+				if (!x->final)
+					continue;
+				nfinal++;
+				ndecode += x->start >= n0;
+				const struct mkv_segment *k = x->k;
+				if (bits == 16) {
+					cr_assert_null(k->sum8, "head %u segment %zu: rows kept at 16 bits",
+						       h, i);
+					continue;
+				}
+				cr_assert_not_null(k->sum8, "head %u segment %zu: no rows kept", h, i);
+				uint32_t S = k->v.summary_channels, nb = k->v.n_blocks;
+				int8_t *rows = malloc((size_t)nb * 2 * S);
+				float *sc = malloc(sizeof(float) * nb);
+				cr_assert_eq(mkv_summary8(k, rows, sc), 0);
+				cr_assert(memcmp(rows, k->sum8, (size_t)nb * 2 * S) == 0,
+					  "head %u segment %zu: rows differ from mkv_summary8's", h, i);
+				cr_assert(memcmp(sc, k->sum8_scale, sizeof(float) * nb) == 0,
+					  "head %u segment %zu: scales differ", h, i);
+				free(rows);
+				free(sc);
+			}
+		}
+		cr_assert(nfinal >= 2 * H && ndecode >= 1, "%u final segments, %u from decode",
+			  nfinal, ndecode);
+		if (bits == 8) {
+			/* the same step with every row made per step */
+			float q[2 * 4 * 64], o0[2 * 4 * 64], o1[2 * 4 * 64];
+			for (size_t c = 0; c < sizeof q / sizeof *q; c++)
+				q[c] = 0.5f * rng_normal(&rng);
+			attend_out(s, 0, q, o0);
+			for (uint32_t h = 0; h < H; h++)
+				for (size_t i = 0; i < s->lh[h].nsegs; i++) {
+					struct mkv_segment *k = s->lh[h].segs[i].k;
+					free(k->sum8);
+					free(k->sum8_scale);
+					k->sum8 = NULL;
+					k->sum8_scale = NULL;
+				}
+			attend_out(s, 0, q, o1);
+			cr_assert(memcmp(o0, o1, sizeof o0) == 0,
+				  "kept rows and rows made per step select differently");
+		}
+		cr_assert_eq(mkv_seq_close(s), 0);
+	}
+	free(t.k);
+	free(t.v);
+	mkv_store_destroy(st);
+}
+
 Test(sequence, summary_bits_8_selects_near_the_bound, .timeout = 120)
 {
 	const uint32_t L = 1, H = 2, G = 4, d = 64, n0 = 2048, steps = 64;
