@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/hostscore — block scores on the CPU path (mkv_score_blocks, the
+ * scoring every host-path attend runs over every history block), three
+ * contenders over the same encoded keys in one run:
+ *   bound     summary_bits = 16: the bf16 summaries' bound;
+ *   s8_step   summary_bits = 8, each block's 8-bit row made during the
+ *             score (mkv_summary8's rule: 2S divisions a block), as for
+ *             a segment that keeps none;
+ *   s8_kept   summary_bits = 8 over rows made once (seg_make_sum8, what
+ *             a sequence's final key skeletons keep with summary_bits 8).
+ * s8_step and s8_kept must give the same scores, bit for bit (checked;
+ * exit 1 otherwise).  Synthetic LLM-like keys (tools/synth.h), bf16, d =
+ * 128, r = 32, S = 32, b = 16, 16,384-token segments, 4 query heads.
+ * Each repetition times the three on every segment in turn (interleaved,
+ * so drift hits all alike); the median over repetitions is reported, per
+ * block and as ratios.
+ *
+ * Usage: hostscore [--tokens 262144] [--reps 15] [--seed 1]
+ * The last line: RESULT name=hostscore bound_ns_per_block=...
+ * s8_step_ns_per_block=... s8_kept_ns_per_block=... kept_vs_step=...
+ * kept_vs_bound=...
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mosaickv.h>
+#include "mosaickv/internal.h"
+#include "synth.h"
+
+#define D 128
+#define NQ 4
+#define SEG 16384
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static void die(const char *what, int err)
+{
+	fprintf(stderr, "hostscore: %s: %s\n", what, mkv_strerror(err));
+	exit(1);
+}
+
+static double median(double *x, int n)
+{
+	qsort(x, (size_t)n, sizeof *x, cmp_double);
+	return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+int main(int argc, char **argv)
+{
+	uint32_t tokens = 262144;
+	int reps = 15;
+	uint64_t seed = 1;
+	for (int i = 1; i + 1 < argc; i += 2) {
+		if (!strcmp(argv[i], "--tokens"))
+			tokens = (uint32_t)strtoul(argv[i + 1], NULL, 0);
+		else if (!strcmp(argv[i], "--reps"))
+			reps = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--seed"))
+			seed = strtoull(argv[i + 1], NULL, 0);
+		else {
+			fprintf(stderr, "hostscore: unknown option %s\n", argv[i]);
+			return 2;
+		}
+	}
+	if (tokens < SEG || tokens % SEG || reps < 1 || reps > 1000) {
+		fprintf(stderr, "hostscore: --tokens a multiple of %d, --reps 1..1000\n", SEG);
+		return 2;
+	}
+	struct synth_opts so;
+	synth_opts_default(&so);
+	so.n = tokens;
+	so.d = D;
+	so.n_kv = 1;
+	so.n_q = NQ;
+	so.n_steps = 1;
+	so.dtype = MKV_DTYPE_BF16;
+	so.seed = seed;
+	struct synth_kv kv;
+	int err = synth_generate(&so, &kv);
+	if (err)
+		die("synth_generate", err);
+	uint32_t nseg = tokens / SEG;
+	struct mkv_segment **ks = calloc(nseg, sizeof *ks);
+	int8_t **rows = calloc(nseg, sizeof *rows);
+	float **scales = calloc(nseg, sizeof *scales);
+	if (!ks || !rows || !scales)
+		die("calloc", -ENOMEM);
+	struct mkv_encode_opts eo;
+	mkv_encode_opts_init(&eo, sizeof eo);
+	eo.d = D;
+	eo.r = 32;
+	eo.b = 16;
+	eo.kind = MKV_KIND_KEY;
+	eo.summary_channels = 32;
+	const uint16_t *k = synth_k(&kv, 0);
+	for (uint32_t s = 0; s < nseg; s++) {
+		if ((err = mkv_segment_encode(&eo, k + (size_t)s * SEG * D, MKV_DTYPE_BF16, SEG,
+					      &ks[s])))
+			die("mkv_segment_encode", err);
+		if ((err = seg_make_sum8(ks[s])))
+			die("seg_make_sum8", err);
+		/* held aside: s8_step runs without them, s8_kept with */
+		rows[s] = ks[s]->sum8;
+		scales[s] = ks[s]->sum8_scale;
+		ks[s]->sum8 = NULL;
+		ks[s]->sum8_scale = NULL;
+	}
+	uint32_t nb = ks[0]->v.n_blocks, S = ks[0]->v.summary_channels;
+	const float *q = synth_q(&kv, 0, 0);
+	struct mkv_attn_opts a16, a8;
+	mkv_attn_opts_init(&a16, sizeof a16);
+	a16.n_q = NQ;
+	a16.d = D;
+	a8 = a16;
+	a8.summary_bits = 8;
+	float *sc_step = malloc(sizeof(float) * nb), *sc_kept = malloc(sizeof(float) * nb);
+	double *t[3];
+	for (int c = 0; c < 3; c++)
+		t[c] = calloc((size_t)reps, sizeof(double));
+	if (!sc_step || !sc_kept || !t[0] || !t[1] || !t[2])
+		die("malloc", -ENOMEM);
+	uint64_t differ = 0;
+	for (int r = -1; r < reps; r++) { /* r = -1: warm-up, untimed */
+		double acc[3] = {0, 0, 0};
+		for (uint32_t s = 0; s < nseg; s++) {
+			double t0 = now();
+			if ((err = mkv_score_blocks(&a16, q, ks[s], sc_step)))
+				die("mkv_score_blocks (16)", err);
+			double t1 = now();
+			if ((err = mkv_score_blocks(&a8, q, ks[s], sc_step)))
+				die("mkv_score_blocks (8, per step)", err);
+			double t2 = now();
+			ks[s]->sum8 = rows[s];
+			ks[s]->sum8_scale = scales[s];
+			double t3 = now();
+			err = mkv_score_blocks(&a8, q, ks[s], sc_kept);
+			double t4 = now();
+			ks[s]->sum8 = NULL;
+			ks[s]->sum8_scale = NULL;
+			if (err)
+				die("mkv_score_blocks (8, kept)", err);
+			acc[0] += t1 - t0;
+			acc[1] += t2 - t1;
+			acc[2] += t4 - t3;
+			differ += memcmp(sc_step, sc_kept, sizeof(float) * nb) != 0;
+		}
+		if (r >= 0)
+			for (int c = 0; c < 3; c++)
+				t[c][r] = acc[c];
+	}
+	double blocks = (double)nseg * nb;
+	double m[3];
+	for (int c = 0; c < 3; c++)
+		m[c] = median(t[c], reps) / blocks * 1e9;
+	printf("hostscore: %u tokens in %u segments of %d, %u blocks a segment, S = %u, "
+	       "%d query heads, %d repetitions (median)\n",
+	       tokens, nseg, SEG, nb, S, NQ, reps);
+	printf("%-10s %14s\n", "contender", "ns per block");
+	printf("%-10s %14.2f\n", "bound", m[0]);
+	printf("%-10s %14.2f\n", "s8_step", m[1]);
+	printf("%-10s %14.2f\n", "s8_kept", m[2]);
+	printf("s8_kept / s8_step %.3f, s8_kept / bound %.3f, s8_step / bound %.3f; "
+	       "s8_step and s8_kept scores %s\n",
+	       m[2] / m[1], m[2] / m[0], m[1] / m[0], differ ? "DIFFER" : "equal");
+	printf("RESULT name=hostscore bound_ns_per_block=%.2f s8_step_ns_per_block=%.2f "
+	       "s8_kept_ns_per_block=%.2f kept_vs_step=%.3f kept_vs_bound=%.3f scores_equal=%d\n",
+	       m[0], m[1], m[2], m[2] / m[1], m[2] / m[0], differ == 0);
+	for (uint32_t s = 0; s < nseg; s++) {
+		ks[s]->sum8 = rows[s];
+		ks[s]->sum8_scale = scales[s];
+		mkv_segment_destroy(ks[s]);
+	}
+	free(ks);
+	free(rows);
+	free(scales);
+	free(sc_step);
+	free(sc_kept);
+	for (int c = 0; c < 3; c++)
+		free(t[c]);
+	synth_free(&kv);
+	return differ ? 1 : 0;
+}
