@@ -486,6 +486,11 @@ int seg_make_sum8(struct mkv_segment *k)
 	return 0;
 }
 
+int mkv_segment_keep_summary8(struct mkv_segment *k)
+{
+	return seg_make_sum8(k);
+}
+
 int mkv_query8(const float *qr, uint32_t S, int8_t *qi, float *scale)
 {
 	if (!qr || !qi || !scale || S == 0 || S > 256)

@@ -26,7 +26,8 @@ struct mkv_segment {
 	 * mkv_rot_projection of rot_f32); NULL otherwise. */
 	float *proj_f32;
 	/* A key segment that no longer changes (a sequence's final
-	 * skeletons): its blocks' 8-bit rows, made once by seg_make_sum8
+	 * skeletons, or a caller's after mkv_segment_keep_summary8): its
+	 * blocks' 8-bit rows, made once by seg_make_sum8
 	 * (n_blocks × 2S bytes: mkv_summary8's) and their scales (NaN for a
 	 * block with a non-finite summary: scored by the bound).  NULL
 	 * otherwise; the 8-bit score then makes each row per step.  Never

@@ -160,6 +160,22 @@ MKV_API int64_t mkv_select_blocks(const struct mkv_attn_opts *o,
 MKV_API int mkv_summary8(const struct mkv_segment *k, int8_t *rows, float *scale);
 
 /*
+ * Keep the key segment @k's 8-bit rows (mkv_summary8's, and their scales)
+ * with the segment, made once here: 8-bit scoring of @k (mkv_score_blocks,
+ * mkv_select_blocks, mkv_attend_packed with o->summary_bits = 8) then
+ * reads them instead of making each block's row on every call (on the CPU
+ * the score then takes about a fifth of the time: bench/hostscore).  The
+ * scores are the same bits either way; a block whose summaries are not
+ * finite keeps no row and is scored as without.  Costs 2S + 4 bytes a
+ * block until mkv_segment_destroy (not counted by mkv_segment_bytes, not
+ * serialized).  It writes @k: call it before @k is shared between threads;
+ * readers then need no lock.  Returns 0 (also when they are kept already),
+ * -EINVAL (NULL, not a key segment, S of 0 or over 256), -ENOMEM (nothing
+ * kept).
+ */
+MKV_API int mkv_segment_keep_summary8(struct mkv_segment *k);
+
+/*
  * A rotated query's first @S channels @qr to 8 bits: *@scale = the largest
  * |qr_c| / 127 (1 where all are 0), qi_c = rint(qr_c / scale) clamped to
  * [-127, 127].  Returns 0, -EINVAL (NULL, S of 0 or over 256) or

@@ -9,7 +9,9 @@
  *  - mkv_score_blocks with 8 bits stays within the quantization's own
  *    error bound of the 16-bit scores (derived here from the view and a
  *    double rotation of the query), and selection follows the 8-bit scores;
- *  - bad arguments are refused and write nothing.
+ *  - bad arguments are refused and write nothing;
+ *  - a segment keeping its rows (mkv_segment_keep_summary8) scores, selects
+ *    and attends as one making them per call, bit for bit.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -388,4 +390,93 @@ Test(score8, bad_arguments_write_nothing)
 	free(rows);
 	free(sc);
 	seg8_free(&s);
+}
+
+/*
+ * mkv_segment_keep_summary8: a segment that keeps its 8-bit rows scores,
+ * selects and attends as an identical one that makes them per call, bit for
+ * bit; keeping twice is keeping once; the 16-bit scores do not change;
+ * NULL and value segments are refused.
+ */
+Test(score8, keep_summary8_same_bits_as_per_call)
+{
+	uint64_t seed = th_seed();
+	struct th_rng rng;
+	th_rng_init(&rng, seed);
+	const uint32_t d = 128, nq = 4, nseg = 3;
+	const size_t n = 300 + th_below(&rng, 500);
+	float *x = th_alloc(n * d * sizeof(float)), *y = th_alloc(n * d * sizeof(float));
+	float *q = th_alloc((size_t)nq * d * sizeof(float));
+	th_gaussian(&rng, q, (size_t)nq * d, 1.0);
+	struct mkv_segment *ka[3], *kb[3], *vs[3];
+	struct mkv_encode_opts o;
+	cr_assert_eq(mkv_encode_opts_init(&o, sizeof o), 0);
+	o.d = d;
+	o.r = d / 4;
+	o.b = 16;
+	const uint32_t S = 8 * (1 + th_below(&rng, 4));
+	for (uint32_t s = 0; s < nseg; s++) {
+		th_gaussian(&rng, x, n * d, 1.0);
+		th_gaussian(&rng, y, n * d, 1.0);
+		for (size_t i = 0; i < n; i++)
+			x[i * d + (i + s) % 7] *= 5.0f;
+		o.kind = MKV_KIND_KEY;
+		o.summary_channels = S;
+		cr_assert_eq(mkv_segment_encode(&o, x, MKV_DTYPE_F32, n, &ka[s]), 0);
+		cr_assert_eq(mkv_segment_encode(&o, x, MKV_DTYPE_F32, n, &kb[s]), 0);
+		o.kind = MKV_KIND_VALUE;
+		o.summary_channels = 0;
+		cr_assert_eq(mkv_segment_encode(&o, y, MKV_DTYPE_F32, n, &vs[s]), 0);
+		cr_assert_eq(mkv_segment_keep_summary8(kb[s]), 0);
+		cr_assert_eq(mkv_segment_keep_summary8(kb[s]), 0);
+	}
+	cr_assert_eq(mkv_segment_keep_summary8(NULL), -EINVAL);
+	cr_assert_eq(mkv_segment_keep_summary8(vs[0]), -EINVAL);
+	struct mkv_attn_opts ao;
+	cr_assert_eq(mkv_attn_opts_init(&ao, sizeof ao), 0);
+	ao.d = d;
+	ao.n_q = nq;
+	ao.token_frac = 0.2;
+	struct mkv_packed_view kv0;
+	cr_assert_eq(mkv_segment_view(ka[0], &kv0), 0);
+	uint32_t nb = kv0.n_blocks;
+	float *sa = th_alloc(nb * sizeof(float)), *sb = th_alloc(nb * sizeof(float));
+	for (int bits = 8; bits <= 16; bits += 8) {
+		ao.summary_bits = (uint32_t)bits;
+		for (uint32_t s = 0; s < nseg; s++) {
+			cr_assert_eq(mkv_score_blocks(&ao, q, ka[s], sa), 0);
+			cr_assert_eq(mkv_score_blocks(&ao, q, kb[s], sb), 0);
+			cr_assert(memcmp(sa, sb, nb * sizeof(float)) == 0,
+				  "seed %llu bits %d segment %u: scores differ",
+				  (unsigned long long)seed, bits, s);
+		}
+		struct mkv_block_ref ra[3 * 64], rb[3 * 64];
+		int64_t na = mkv_select_blocks(&ao, q, (const struct mkv_segment *const *)ka, nseg,
+					       ra, 3 * 64);
+		int64_t nb2 = mkv_select_blocks(&ao, q, (const struct mkv_segment *const *)kb, nseg,
+						rb, 3 * 64);
+		cr_assert(na > 0 && na == nb2 && na <= 3 * 64, "selected %lld and %lld",
+			  (long long)na, (long long)nb2);
+		cr_assert(memcmp(ra, rb, (size_t)na * sizeof ra[0]) == 0,
+			  "seed %llu bits %d: selections differ", (unsigned long long)seed, bits);
+		float oa[4 * 128], ob[4 * 128];
+		cr_assert_eq(mkv_attend_packed(&ao, q, (const struct mkv_segment *const *)ka,
+					       (const struct mkv_segment *const *)vs, nseg, NULL, oa,
+					       NULL), 0);
+		cr_assert_eq(mkv_attend_packed(&ao, q, (const struct mkv_segment *const *)kb,
+					       (const struct mkv_segment *const *)vs, nseg, NULL, ob,
+					       NULL), 0);
+		cr_assert(memcmp(oa, ob, sizeof oa) == 0, "seed %llu bits %d: outputs differ",
+			  (unsigned long long)seed, bits);
+	}
+	for (uint32_t s = 0; s < nseg; s++) {
+		mkv_segment_destroy(ka[s]);
+		mkv_segment_destroy(kb[s]);
+		mkv_segment_destroy(vs[s]);
+	}
+	free(sa);
+	free(sb);
+	free(x);
+	free(y);
+	free(q);
 }
