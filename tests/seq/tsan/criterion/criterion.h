@@ -58,6 +58,7 @@ extern int mini_ntests;
 #define cr_assert_geq(a, b, ...) cr_assert((a) >= (b), __VA_ARGS__)
 #define cr_assert_neq(a, b, ...) cr_assert((a) != (b), __VA_ARGS__)
 #define cr_assert_null(p, ...) cr_assert((p) == NULL, __VA_ARGS__)
+#define cr_assert_not_null(p, ...) cr_assert((p) != NULL, __VA_ARGS__)
 #define cr_assert_str_eq(a, b, ...) cr_assert(strcmp((a), (b)) == 0, __VA_ARGS__)
 /* Criterion's info log: to stderr here. */
 #define cr_log_info(...) fprintf(stderr, __VA_ARGS__)
