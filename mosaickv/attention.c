@@ -281,6 +281,69 @@ static float bound_score(const float *qr, uint32_t nq, uint32_t ldq,
 	return best;
 }
 
+/*
+ * bound_score for every block of a segment, the heads W (4 or 8) at a
+ * time: the block's summaries widened once (bound_score widens them once
+ * per head), the rotated query transposed once per segment (@qt: S rows of
+ * @nqp floats, nqp = nq rounded up to W, heads nq..nqp - 1 zero).  Per head
+ * the same products, maximum and channel-ordered sums as bound_score, so
+ * the same bits; the fixed-width loop over heads vectorizes
+ * (bench/hostscore: bound against scalar).
+ */
+#define BS_QT 2048 /* floats of the transposed query: S x nqp */
+
+static uint32_t bound_w(uint32_t nq)
+{
+	return nq <= 4 ? 4 : 8;
+}
+
+static void bound_qt(const float *qr, uint32_t nq, uint32_t S, uint32_t nqp, float *qt)
+{
+	for (uint32_t c = 0; c < S; c++)
+		for (uint32_t h = 0; h < nqp; h++)
+			qt[(size_t)c * nqp + h] = h < nq ? qr[(size_t)h * S + c] : 0.0f;
+}
+
+static inline float bound_score_w(const float *qt, uint32_t nq, uint32_t nqp, const void *mn,
+				  const void *mx, enum mkv_dtype dt, size_t off, uint32_t S,
+				  const float *qperp, float rest, const int W)
+{
+	float lo[BS_QT / 4], hi[BS_QT / 4];
+	for (uint32_t c = 0; c < S; c++) {
+		lo[c] = mkv_elem(mn, dt, off + c);
+		hi[c] = mkv_elem(mx, dt, off + c);
+	}
+	float best = -INFINITY;
+	for (uint32_t h0 = 0; h0 < nq; h0 += (uint32_t)W) {
+		float sum[8];
+		for (int k = 0; k < W; k++)
+			sum[k] = 0.0f;
+		for (uint32_t c = 0; c < S; c++) {
+			const float *q = qt + (size_t)c * nqp + h0;
+			for (int k = 0; k < W; k++) {
+				float a = q[k] * lo[c], b = q[k] * hi[c];
+				sum[k] += a > b ? a : b;
+			}
+		}
+		for (uint32_t k = 0; k < (uint32_t)W && h0 + k < nq; k++) {
+			float v = sum[k];
+			if (qperp)
+				v += qperp[h0 + k] * rest;
+			best = v > best ? v : best;
+		}
+	}
+	return best;
+}
+
+static float bound_score_t(const float *qt, uint32_t nq, uint32_t nqp, const void *mn,
+			   const void *mx, enum mkv_dtype dt, size_t off, uint32_t S,
+			   const float *qperp, float rest)
+{
+	if (bound_w(nq) == 4)
+		return bound_score_w(qt, nq, nqp, mn, mx, dt, off, S, qperp, rest, 4);
+	return bound_score_w(qt, nq, nqp, mn, mx, dt, off, S, qperp, rest, 8);
+}
+
 /* Per query head, the norm of q outside the first S rotated channels
  * @qr (ldq apart): sqrt(max(0, |q|² - |q'_{0..S-1}|²)). */
 static void query_perp(const struct mkv_attn_opts *o, const float *q,
@@ -551,6 +614,12 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 		rotate_queries(o, q, k[i], S, qr);
 		query_perp(o, q, qr, S, qperp);
 		bool b8 = attn_sum_bits(o) == 8 && S <= 256 && (!use8 || use8[i]);
+		/* the bound by bound_score_t where the transposed query fits */
+		const uint32_t bw = bound_w(o->n_q), nqp = (o->n_q + bw - 1) / bw * bw;
+		float qt[BS_QT];
+		const bool tq = (size_t)S * nqp <= BS_QT;
+		if (tq)
+			bound_qt(qr, o->n_q, S, nqp, qt);
 		int8_t qi[MKV_MAX_QHEADS * 256], row[2 * 256];
 		float qsc[MKV_MAX_QHEADS];
 		for (uint32_t h = 0; b8 && h < o->n_q; h++)
@@ -571,9 +640,11 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 			}
 			float sc = b8 && !isnan(sc8)
 					   ? score8(o->n_q, S, qi, qsc, qperp, r8, sc8, rest)
-					   : bound_score(qr, o->n_q, S, kv->sum_min, kv->sum_max,
-							 kv->store_dtype, (size_t)j * S, S, qperp,
-							 rest);
+				   : tq ? bound_score_t(qt, o->n_q, nqp, kv->sum_min, kv->sum_max,
+							kv->store_dtype, (size_t)j * S, S, qperp,
+							rest)
+					: bound_score(qr, o->n_q, S, kv->sum_min, kv->sum_max,
+						      kv->store_dtype, (size_t)j * S, S, qperp, rest);
 			c[ci] = (struct cand){
 				.score = sc,
 				.seg = (uint32_t)i, .block = j,

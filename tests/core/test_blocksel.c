@@ -185,7 +185,7 @@ Test(blocksel, score_blocks_matches_bound)
 		struct th_rng rng;
 		th_rng_init(&rng, seed);
 		uint32_t d = 64u << th_below(&rng, 3);
-		uint32_t nq = 1 + th_below(&rng, 6);
+		uint32_t nq = 1 + th_below(&rng, 12); /* W = 4, 8 and the unvectorized bound past S x 16 > 2048 */
 		struct hist h;
 		hist_alloc(&h, d, nq, 1, 0, &rng, 30, 300);
 		sync_q(&h);
@@ -247,7 +247,7 @@ Test(blocksel, score_blocks_matches_bound)
 		int rc = mkv_score_blocks(&ao, h.q, h.ks[0], scores);
 		cr_assert_eq(rc, 0, "seed=%llu: score_blocks rc=%d", (unsigned long long)seed, rc);
 		/* per head: |q| and its norm outside the S bounded channels */
-		double qn[8], qp[8];
+		double qn[16], qp[16];
 		for (uint32_t hh = 0; hh < nq; hh++) {
 			double n2 = 0, s2 = 0;
 			for (uint32_t c = 0; c < d; c++)
