@@ -1,25 +1,28 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * bench/hostscore — block scores on the CPU path (mkv_score_blocks, the
- * scoring every host-path attend runs over every history block), three
+ * scoring every host-path attend runs over every history block), four
  * contenders over the same encoded keys in one run:
+ *   scalar    the bound as the library computed it before bound_score_t: a
+ *             head at a time, each summary widened per head (the rotation
+ *             and |q_perp| as the library makes them; written out here);
  *   bound     summary_bits = 16: the bf16 summaries' bound;
  *   s8_step   summary_bits = 8, each block's 8-bit row made during the
  *             score (mkv_summary8's rule: 2S divisions a block), as for
  *             a segment that keeps none;
  *   s8_kept   summary_bits = 8 over rows made once (seg_make_sum8, what
  *             a sequence's final key skeletons keep with summary_bits 8).
- * s8_step and s8_kept must give the same scores, bit for bit (checked;
- * exit 1 otherwise).  Synthetic LLM-like keys (tools/synth.h), bf16, d =
+ * scalar and bound, and s8_step and s8_kept, must give the same scores, bit
+ * for bit (checked; exit 1 otherwise).  Synthetic LLM-like keys (tools/synth.h), bf16, d =
  * 128, r = 32, S = 32, b = 16, 16,384-token segments, 4 query heads.
  * Each repetition times the three on every segment in turn (interleaved,
  * so drift hits all alike); the median over repetitions is reported, per
  * block and as ratios.
  *
  * Usage: hostscore [--tokens 262144] [--reps 15] [--seed 1]
- * The last line: RESULT name=hostscore bound_ns_per_block=...
- * s8_step_ns_per_block=... s8_kept_ns_per_block=... kept_vs_step=...
- * kept_vs_bound=...
+ * The last line: RESULT name=hostscore scalar_ns_per_block=... bound_ns_per_block=...
+ * s8_step_ns_per_block=... s8_kept_ns_per_block=... bound_vs_scalar=...
+ * kept_vs_step=... kept_vs_bound=...
  */
 #include <errno.h>
 #include <math.h>
@@ -28,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <cblas.h>
 #include <mosaickv.h>
 #include "mosaickv/internal.h"
 #include "synth.h"
@@ -53,6 +57,35 @@ static void die(const char *what, int err)
 {
 	fprintf(stderr, "hostscore: %s: %s\n", what, mkv_strerror(err));
 	exit(1);
+}
+
+/* The bound before bound_score_t (attention.c's bound_score, its rotation
+ * and |q_perp| as score_all makes them): a head at a time. */
+static void scalar_scores(const struct mkv_segment *k, const float *q, float *qr,
+			  float *scores)
+{
+	const struct mkv_packed_view *kv = &k->v;
+	uint32_t S = kv->summary_channels;
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, NQ, (int)S, D, 1.0f, q, D,
+		    k->rot_f32, D, 0.0f, qr, (int)S);
+	float qperp[NQ];
+	for (uint32_t h = 0; h < NQ; h++)
+		qperp[h] = mkv_rest_norm(q + (size_t)h * D, D, qr + (size_t)h * S, S);
+	for (uint32_t j = 0; j < kv->n_blocks; j++) {
+		float rest = mkv_elem(kv->sum_rest, kv->store_dtype, j), best = -INFINITY;
+		for (uint32_t h = 0; h < NQ; h++) {
+			const float *qh = qr + (size_t)h * S;
+			float s = 0.0f;
+			for (uint32_t c = 0; c < S; c++) {
+				float a = qh[c] * mkv_elem(kv->sum_min, kv->store_dtype, (size_t)j * S + c);
+				float b = qh[c] * mkv_elem(kv->sum_max, kv->store_dtype, (size_t)j * S + c);
+				s += a > b ? a : b;
+			}
+			s += qperp[h] * rest;
+			best = s > best ? s : best;
+		}
+		scores[j] = best;
+	}
 }
 
 static double median(double *x, int n)
@@ -130,19 +163,25 @@ int main(int argc, char **argv)
 	a8 = a16;
 	a8.summary_bits = 8;
 	float *sc_step = malloc(sizeof(float) * nb), *sc_kept = malloc(sizeof(float) * nb);
-	double *t[3];
-	for (int c = 0; c < 3; c++)
+	float *sc_scalar = malloc(sizeof(float) * nb), *sc_bound = malloc(sizeof(float) * nb);
+	float *qr = malloc(sizeof(float) * NQ * S);
+	double *t[4];
+	for (int c = 0; c < 4; c++)
 		t[c] = calloc((size_t)reps, sizeof(double));
-	if (!sc_step || !sc_kept || !t[0] || !t[1] || !t[2])
+	if (!sc_step || !sc_kept || !sc_scalar || !sc_bound || !qr || !t[0] || !t[1] || !t[2] ||
+	    !t[3])
 		die("malloc", -ENOMEM);
-	uint64_t differ = 0;
+	uint64_t differ = 0, differ16 = 0;
 	for (int r = -1; r < reps; r++) { /* r = -1: warm-up, untimed */
-		double acc[3] = {0, 0, 0};
+		double acc[4] = {0, 0, 0, 0};
 		for (uint32_t s = 0; s < nseg; s++) {
+			double tm = now();
+			scalar_scores(ks[s], q, qr, sc_scalar);
 			double t0 = now();
-			if ((err = mkv_score_blocks(&a16, q, ks[s], sc_step)))
+			if ((err = mkv_score_blocks(&a16, q, ks[s], sc_bound)))
 				die("mkv_score_blocks (16)", err);
 			double t1 = now();
+			differ16 += memcmp(sc_scalar, sc_bound, sizeof(float) * nb) != 0;
 			if ((err = mkv_score_blocks(&a8, q, ks[s], sc_step)))
 				die("mkv_score_blocks (8, per step)", err);
 			double t2 = now();
@@ -158,29 +197,34 @@ int main(int argc, char **argv)
 			acc[0] += t1 - t0;
 			acc[1] += t2 - t1;
 			acc[2] += t4 - t3;
+			acc[3] += t0 - tm;
 			differ += memcmp(sc_step, sc_kept, sizeof(float) * nb) != 0;
 		}
 		if (r >= 0)
-			for (int c = 0; c < 3; c++)
+			for (int c = 0; c < 4; c++)
 				t[c][r] = acc[c];
 	}
 	double blocks = (double)nseg * nb;
-	double m[3];
-	for (int c = 0; c < 3; c++)
+	double m[4];
+	for (int c = 0; c < 4; c++)
 		m[c] = median(t[c], reps) / blocks * 1e9;
 	printf("hostscore: %u tokens in %u segments of %d, %u blocks a segment, S = %u, "
 	       "%d query heads, %d repetitions (median)\n",
 	       tokens, nseg, SEG, nb, S, NQ, reps);
 	printf("%-10s %14s\n", "contender", "ns per block");
+	printf("%-10s %14.2f\n", "scalar", m[3]);
 	printf("%-10s %14.2f\n", "bound", m[0]);
 	printf("%-10s %14.2f\n", "s8_step", m[1]);
 	printf("%-10s %14.2f\n", "s8_kept", m[2]);
-	printf("s8_kept / s8_step %.3f, s8_kept / bound %.3f, s8_step / bound %.3f; "
-	       "s8_step and s8_kept scores %s\n",
-	       m[2] / m[1], m[2] / m[0], m[1] / m[0], differ ? "DIFFER" : "equal");
-	printf("RESULT name=hostscore bound_ns_per_block=%.2f s8_step_ns_per_block=%.2f "
-	       "s8_kept_ns_per_block=%.2f kept_vs_step=%.3f kept_vs_bound=%.3f scores_equal=%d\n",
-	       m[0], m[1], m[2], m[2] / m[1], m[2] / m[0], differ == 0);
+	printf("bound / scalar %.3f; s8_kept / s8_step %.3f, s8_kept / bound %.3f, s8_step / "
+	       "bound %.3f; scalar and bound scores %s, s8_step and s8_kept scores %s\n",
+	       m[0] / m[3], m[2] / m[1], m[2] / m[0], m[1] / m[0], differ16 ? "DIFFER" : "equal",
+	       differ ? "DIFFER" : "equal");
+	printf("RESULT name=hostscore scalar_ns_per_block=%.2f bound_ns_per_block=%.2f "
+	       "s8_step_ns_per_block=%.2f s8_kept_ns_per_block=%.2f bound_vs_scalar=%.3f "
+	       "kept_vs_step=%.3f kept_vs_bound=%.3f scores_equal=%d\n",
+	       m[3], m[0], m[1], m[2], m[0] / m[3], m[2] / m[1], m[2] / m[0],
+	       differ == 0 && differ16 == 0);
 	for (uint32_t s = 0; s < nseg; s++) {
 		ks[s]->sum8 = rows[s];
 		ks[s]->sum8_scale = scales[s];
@@ -191,8 +235,11 @@ int main(int argc, char **argv)
 	free(scales);
 	free(sc_step);
 	free(sc_kept);
-	for (int c = 0; c < 3; c++)
+	free(sc_scalar);
+	free(sc_bound);
+	free(qr);
+	for (int c = 0; c < 4; c++)
 		free(t[c]);
 	synth_free(&kv);
-	return differ ? 1 : 0;
+	return differ || differ16 ? 1 : 0;
 }
