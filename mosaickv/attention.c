@@ -174,12 +174,13 @@ struct scratch {
 	struct osm part[MKV_MAX_QHEADS];
 	float *mem;
 	float *kbuf, *vbuf, *tmp;
+	float *qt; /* a segment's rotated queries, channel-major (packed_dot_row) */
 };
 
 static int scratch_init(struct scratch *s, const struct mkv_attn_opts *o)
 {
 	uint32_t d = o->d, nq = o->n_q;
-	s->mem = malloc(sizeof(float) * ((size_t)2 * nq * d + 3 * d));
+	s->mem = malloc(sizeof(float) * ((size_t)3 * nq * d + 3 * d));
 	if (!s->mem)
 		return -ENOMEM;
 	for (uint32_t h = 0; h < nq; h++) {
@@ -189,6 +190,7 @@ static int scratch_init(struct scratch *s, const struct mkv_attn_opts *o)
 	s->kbuf = s->mem + (size_t)2 * nq * d;
 	s->vbuf = s->kbuf + d;
 	s->tmp = s->vbuf + d;
+	s->qt = s->tmp + d;
 	return 0;
 }
 
@@ -688,22 +690,29 @@ int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 		for (uint32_t h = 0; h < nq; h++)
 			osm_init(&s.part[h], pacc + (size_t)h * vv->d_keep, vv->d_keep);
 		rotate_queries(o, q, a->k, kv->d_keep, qr);
+		bound_qt(qr, nq, kv->d_keep, nq, s.qt);
 		for (uint32_t bi = 0; bi < a->n_sel; bi++) {
 			uint32_t j = a->blocks[bi];
 			uint32_t i0 = j * kv->b;
 			uint32_t rows = kv->n - i0 < kv->b ? kv->n - i0 : kv->b;
 			for (uint32_t t = 0; t < rows; t++) {
 				const float *ks = a->ksc ? a->ksc + (seg_toks + t) * nq : NULL;
-
-				if (!ks)
+				/* the keys' dots straight from the packed row where it
+				 * can (the same bits as dot over the unpacked row) */
+				float kd[MKV_MAX_QHEADS];
+				const bool kp = !ks && packed_dot_row(kv, a->kaddr[bi].values,
+								      a->kaddr[bi].bitmaps, t,
+								      s.qt, nq, kd);
+				if (!ks && !kp)
 					packed_unpack_row(kv, a->kaddr[bi].values,
 							  a->kaddr[bi].bitmaps, t, s.kbuf);
 				packed_unpack_row(vv, a->vaddr[bi].values,
 						  a->vaddr[bi].bitmaps, t, s.vbuf);
 				for (uint32_t h = 0; h < nq; h++) {
-					float sc = ks ? ks[h]
-						      : scale * dot(qr + (size_t)h * kv->d_keep,
-								    s.kbuf, kv->d_keep);
+					float sc = ks   ? ks[h]
+						   : kp ? scale * kd[h]
+							: scale * dot(qr + (size_t)h * kv->d_keep,
+								      s.kbuf, kv->d_keep);
 					osm_push(&s.part[h], sc, s.vbuf, vv->d_keep);
 				}
 			}
@@ -800,6 +809,7 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 			dk_max = src[i].k->v.d_keep;
 	float *qr = malloc(sizeof(float) * nq * (dk_max ? dk_max : 1));
 	float *kb = malloc(sizeof(float) * (dk_max ? dk_max : 1));
+	float *qt = malloc(sizeof(float) * nq * (dk_max ? dk_max : 1));
 	size_t btok = 0;
 	for (size_t i = 0; i < nsrc; i++)
 		btok += (size_t)src[i].n_sel * src[i].k->v.b;
@@ -807,7 +817,7 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 	float *mx = malloc(sizeof(float) * nq), *z = malloc(sizeof(float) * nq);
 	uint8_t *keep = calloc(nc, 1);
 	int rc = -ENOMEM;
-	if (!c || !qr || !kb || !sc || !mx || !z || !keep)
+	if (!c || !qr || !kb || !qt || !sc || !mx || !z || !keep)
 		goto out;
 	float scale = attn_scale(o);
 	for (uint32_t h = 0; h < nq; h++) {
@@ -821,17 +831,24 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 		if (!src[i].n_sel)
 			continue;
 		rotate_queries(o, q, src[i].k, kv->d_keep, qr);
+		bound_qt(qr, nq, kv->d_keep, nq, qt);
 		for (uint32_t bi = 0; bi < src[i].n_sel; bi++, ci++) {
 			uint32_t j = src[i].blocks[bi], i0 = j * kv->b;
 			uint32_t rows = kv->n - i0 < kv->b ? kv->n - i0 : kv->b;
 			c[ci] = (struct rcand){.src = (uint32_t)i, .bi = bi,
 					       .idx = (uint32_t)ci, .ntok = rows};
 			for (uint32_t t = 0; t < rows; t++, ntok++) {
-				packed_unpack_row(kv, src[i].kaddr[bi].values,
-						  src[i].kaddr[bi].bitmaps, t, kb);
+				float kd[MKV_MAX_QHEADS];
+				const bool kp = packed_dot_row(kv, src[i].kaddr[bi].values,
+							       src[i].kaddr[bi].bitmaps, t, qt,
+							       nq, kd);
+				if (!kp)
+					packed_unpack_row(kv, src[i].kaddr[bi].values,
+							  src[i].kaddr[bi].bitmaps, t, kb);
 				for (uint32_t h = 0; h < nq; h++) {
-					float s = scale * dot(qr + (size_t)h * kv->d_keep, kb,
-							      kv->d_keep);
+					float s = scale * (kp ? kd[h]
+							      : dot(qr + (size_t)h * kv->d_keep, kb,
+								    kv->d_keep));
 					sc[ntok * nq + h] = s;
 					mx[h] = s > mx[h] ? s : mx[h];
 				}
@@ -898,6 +915,7 @@ out:
 	free(c);
 	free(qr);
 	free(kb);
+	free(qt);
 	free(sc);
 	free(mx);
 	free(z);

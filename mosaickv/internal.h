@@ -127,6 +127,21 @@ MKV_HIDDEN void packed_unpack_row(const struct mkv_packed_view *v,
 				  size_t t, float *dst);
 
 /*
+ * The @nq dot products of packed row @t with the rotated queries @qt
+ * (d_keep rows of @nq floats: qt[c * nq + h] = q'_h[c]) into @out, as
+ * attention.c's dot() over the unpacked row computes them: channel c's
+ * product added to partial c % 8 in channel order, the partials summed in
+ * dot's tree.  The row is not widened: its zero channels are skipped, and
+ * their products (+-0) would have left a partial as it was (partials start
+ * at +0 and never become -0), so the results are the same bits.  Returns
+ * false (nothing written) where the row is not g = 1 with quantized or
+ * bf16 values, or @nq is 0 or over MKV_MAX_QHEADS.
+ */
+MKV_HIDDEN bool packed_dot_row(const struct mkv_packed_view *v, const void *vals,
+			       const uint8_t *bms, size_t t, const float *qt, uint32_t nq,
+			       float *out);
+
+/*
  * Free a segment's packed values and bitmaps, keeping its shape, rotation
  * and summaries: what a sequence keeps of a segment that lives in the
  * store.  Only attend_blocks() may read a stripped segment.

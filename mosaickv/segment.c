@@ -554,27 +554,24 @@ int mkv_segment_bytes(const struct mkv_segment *s, struct mkv_segment_bytes *b)
 	return 0;
 }
 
-void packed_unpack_row(const struct mkv_packed_view *v, const void *vals,
-		       const uint8_t *bms, size_t t, float *dst)
+/*
+ * The values of packed row @row / @bm with g = 1, in channel order: @put
+ * (inlined: a constant at every call) gets each channel and value.  The
+ * fields are read in order, so a bit reader takes them one after the
+ * other instead of locating each from its index, and bf16 values convert
+ * in place.  Returns false (nothing visited) for the formats it does not
+ * walk: g > 1, or unquantized values that are not bf16.
+ */
+static inline bool g1_walk(const struct mkv_packed_view *v, const uint8_t *row,
+			   const uint8_t *bm, void (*put)(void *, uint32_t, float), void *ctx)
 {
-	const uint8_t *bm = bms + t * v->bitmap_bytes;
-	const uint8_t *row = (const uint8_t *)vals + t * v->row_bytes;
-	uint32_t k = 0, w = v->value_bits;
-	float sf = 0.0f;
+	const uint32_t w = v->value_bits;
+	if (v->g != 1 || (!w && v->store_dtype != MKV_DTYPE_BF16))
+		return false;
 	if (w) {
 		uint16_t sb;
 		memcpy(&sb, row, 2);
-		sf = mkv_bf16_to_f32(sb);
-	}
-	memset(dst, 0, sizeof(float) * v->d_keep);
-	/*
-	 * g = 1 (the serving formats): the fields are read in order, so a bit
-	 * reader takes them one after the other instead of locating each from
-	 * its index, and bf16 values convert in place.  Same arithmetic per
-	 * value as the general loop below, so the same floats.  This decode is
-	 * most of the CPU attention's time.
-	 */
-	if (v->g == 1 && w) {
+		const float sf = mkv_bf16_to_f32(sb);
 		const uint8_t *p = row + 2;
 		const uint32_t mask = (1u << w) - 1;
 		const int bias = 1 << (w - 1);
@@ -590,27 +587,48 @@ void packed_unpack_row(const struct mkv_packed_view *v, const void *vals,
 					acc |= (uint32_t)*p++ << nb;
 					nb += 8;
 				}
-				dst[j] = (float)((int)(acc & mask) - bias) * sf;
+				put(ctx, j, (float)((int)(acc & mask) - bias) * sf);
 				acc >>= w;
 				nb -= w;
 			}
 		}
-		return;
+		return true;
 	}
-	if (v->g == 1 && v->store_dtype == MKV_DTYPE_BF16) {
-		const uint8_t *p = row;
-		for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
-			unsigned bits = bm[byte];
-			while (bits) {
-				uint32_t j = byte * 8 + (uint32_t)__builtin_ctz(bits);
-				uint16_t h;
-				bits &= bits - 1;
-				memcpy(&h, p, 2);
-				p += 2;
-				dst[j] = mkv_bf16_to_f32(h);
-			}
+	const uint8_t *p = row;
+	for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
+		unsigned bits = bm[byte];
+		while (bits) {
+			uint32_t j = byte * 8 + (uint32_t)__builtin_ctz(bits);
+			uint16_t h;
+			bits &= bits - 1;
+			memcpy(&h, p, 2);
+			p += 2;
+			put(ctx, j, mkv_bf16_to_f32(h));
 		}
+	}
+	return true;
+}
+
+static inline void put_store(void *ctx, uint32_t j, float x)
+{
+	((float *)ctx)[j] = x;
+}
+
+void packed_unpack_row(const struct mkv_packed_view *v, const void *vals,
+		       const uint8_t *bms, size_t t, float *dst)
+{
+	const uint8_t *bm = bms + t * v->bitmap_bytes;
+	const uint8_t *row = (const uint8_t *)vals + t * v->row_bytes;
+	uint32_t k = 0, w = v->value_bits;
+	memset(dst, 0, sizeof(float) * v->d_keep);
+	/* g = 1 (the serving formats): most of the CPU attention's time */
+	if (g1_walk(v, row, bm, put_store, dst))
 		return;
+	float sf = 0.0f;
+	if (w) {
+		uint16_t sb;
+		memcpy(&sb, row, 2);
+		sf = mkv_bf16_to_f32(sb);
 	}
 	for (uint32_t byte = 0; byte < v->bitmap_bytes; byte++) {
 		unsigned bits = bm[byte];
@@ -622,6 +640,41 @@ void packed_unpack_row(const struct mkv_packed_view *v, const void *vals,
 						      : mkv_elem(row, v->store_dtype, k);
 		}
 	}
+}
+
+/* packed_dot_row's accumulators: partial c % 8 of every head */
+struct dot_acc {
+	const float *qt;
+	uint32_t nq;
+	float (*p)[MKV_MAX_QHEADS];
+};
+
+static inline void put_dot(void *ctx, uint32_t j, float x)
+{
+	struct dot_acc *a = ctx;
+	const float *q = a->qt + (size_t)j * a->nq;
+	float *pp = a->p[j & 7];
+	for (uint32_t h = 0; h < a->nq; h++)
+		pp[h] += q[h] * x;
+}
+
+bool packed_dot_row(const struct mkv_packed_view *v, const void *vals, const uint8_t *bms,
+		    size_t t, const float *qt, uint32_t nq, float *out)
+{
+	if (nq == 0 || nq > MKV_MAX_QHEADS)
+		return false;
+	float p[8][MKV_MAX_QHEADS];
+	for (int u = 0; u < 8; u++)
+		for (uint32_t h = 0; h < nq; h++)
+			p[u][h] = 0.0f;
+	struct dot_acc a = {qt, nq, p};
+	if (!g1_walk(v, (const uint8_t *)vals + t * v->row_bytes, bms + t * v->bitmap_bytes,
+		     put_dot, &a))
+		return false;
+	for (uint32_t h = 0; h < nq; h++)
+		out[h] = ((p[0][h] + p[4][h]) + (p[1][h] + p[5][h])) +
+			 ((p[2][h] + p[6][h]) + (p[3][h] + p[7][h]));
+	return true;
 }
 
 struct blk_addr seg_block_addr(const struct mkv_segment *s, uint32_t block)
