@@ -13,7 +13,13 @@
  *   s8_kept   summary_bits = 8 over rows made once (seg_make_sum8, what
  *             a sequence's final key skeletons keep with summary_bits 8).
  * scalar and bound, and s8_step and s8_kept, must give the same scores, bit
- * for bit (checked; exit 1 otherwise).  Synthetic LLM-like keys (tools/synth.h), bf16, d =
+ * for bit (checked; exit 1 otherwise).
+ * Then the keys' dot products of PackedAttention on the CPU, every row of
+ * every segment against the 4 rotated queries, two contenders:
+ *   kdot_unpack  the row widened to d_keep floats (packed_unpack_row), then
+ *                a dot product per head (attention.c's dot, written out);
+ *   kdot_packed  packed_dot_row: straight from the packed row;
+ * checked bit-equal.  Synthetic LLM-like keys (tools/synth.h), bf16, d =
  * 128, r = 32, S = 32, b = 16, 16,384-token segments, 4 query heads.
  * Each repetition times the three on every segment in turn (interleaved,
  * so drift hits all alike); the median over repetitions is reported, per
@@ -22,7 +28,8 @@
  * Usage: hostscore [--tokens 262144] [--reps 15] [--seed 1]
  * The last line: RESULT name=hostscore scalar_ns_per_block=... bound_ns_per_block=...
  * s8_step_ns_per_block=... s8_kept_ns_per_block=... bound_vs_scalar=...
- * kept_vs_step=... kept_vs_bound=...
+ * kept_vs_step=... kept_vs_bound=... kdot_unpack_ns_per_row=...
+ * kdot_packed_ns_per_row=... kdot_packed_vs_unpack=...
  */
 #include <errno.h>
 #include <math.h>
@@ -86,6 +93,44 @@ static void scalar_scores(const struct mkv_segment *k, const float *q, float *qr
 		}
 		scores[j] = best;
 	}
+}
+
+/* attention.c's dot: eight partial sums by channel % 8, one tree */
+static float dot8(const float *a, const float *b, uint32_t n)
+{
+	float p[8] = {0};
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (uint32_t u = 0; u < 8; u++)
+			p[u] += a[i + u] * b[i + u];
+	for (; i < n; i++)
+		p[i & 7] += a[i] * b[i];
+	return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+}
+
+/* Every row's NQ key dots: widened then dotted (@packed 0), or
+ * packed_dot_row (@packed 1); a checksum of the bits into *@sum. */
+static void kdots(const struct mkv_segment *k, const float *qr, const float *qt, float *kb,
+		  int packed, uint64_t *sum)
+{
+	const struct mkv_packed_view *kv = &k->v;
+	uint64_t h = *sum;
+	for (size_t t = 0; t < kv->n; t++) {
+		float o[NQ];
+		if (packed) {
+			if (!packed_dot_row(kv, k->values, k->bitmaps, t, qt, NQ, o))
+				die("packed_dot_row", -EINVAL);
+		} else {
+			packed_unpack_row(kv, k->values, k->bitmaps, t, kb);
+			for (uint32_t q = 0; q < NQ; q++)
+				o[q] = dot8(qr + (size_t)q * kv->d_keep, kb, kv->d_keep);
+		}
+		uint32_t b[NQ];
+		memcpy(b, o, sizeof b);
+		for (uint32_t q = 0; q < NQ; q++)
+			h = (h ^ b[q]) * 1099511628211ull;
+	}
+	*sum = h;
 }
 
 static double median(double *x, int n)
@@ -204,6 +249,39 @@ int main(int argc, char **argv)
 			for (int c = 0; c < 4; c++)
 				t[c][r] = acc[c];
 	}
+	/* the keys' dots: every row, against the rotated queries */
+	uint32_t dk = ks[0]->v.d_keep;
+	float *qrk = malloc(sizeof(float) * NQ * dk), *qtk = malloc(sizeof(float) * NQ * dk);
+	float *kb = malloc(sizeof(float) * dk);
+	double *tk[2] = {calloc((size_t)reps, sizeof(double)), calloc((size_t)reps, sizeof(double))};
+	if (!qrk || !qtk || !kb || !tk[0] || !tk[1])
+		die("malloc", -ENOMEM);
+	uint64_t kdiffer = 0;
+	for (int r = -1; r < reps; r++) {
+		double acc[2] = {0, 0};
+		for (uint32_t s = 0; s < nseg; s++) {
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, NQ, (int)dk, D, 1.0f, q, D,
+				    ks[s]->rot_f32, D, 0.0f, qrk, (int)dk);
+			for (uint32_t c = 0; c < dk; c++)
+				for (uint32_t h = 0; h < NQ; h++)
+					qtk[c * NQ + h] = qrk[(size_t)h * dk + c];
+			uint64_t h0 = 1469598103934665603ull, h1 = h0;
+			double t0 = now();
+			kdots(ks[s], qrk, qtk, kb, 0, &h0);
+			double t1 = now();
+			kdots(ks[s], qrk, qtk, kb, 1, &h1);
+			double t2 = now();
+			acc[0] += t1 - t0;
+			acc[1] += t2 - t1;
+			kdiffer += h0 != h1;
+		}
+		if (r >= 0) {
+			tk[0][r] = acc[0];
+			tk[1][r] = acc[1];
+		}
+	}
+	double nrows = (double)nseg * SEG;
+	double mk[2] = {median(tk[0], reps) / nrows * 1e9, median(tk[1], reps) / nrows * 1e9};
 	double blocks = (double)nseg * nb;
 	double m[4];
 	for (int c = 0; c < 4; c++)
@@ -220,11 +298,17 @@ int main(int argc, char **argv)
 	       "bound %.3f; scalar and bound scores %s, s8_step and s8_kept scores %s\n",
 	       m[0] / m[3], m[2] / m[1], m[2] / m[0], m[1] / m[0], differ16 ? "DIFFER" : "equal",
 	       differ ? "DIFFER" : "equal");
+	printf("%-12s %14s\n", "keys' dots", "ns per row");
+	printf("%-12s %14.2f\n", "kdot_unpack", mk[0]);
+	printf("%-12s %14.2f\n", "kdot_packed", mk[1]);
+	printf("kdot_packed / kdot_unpack %.3f; their dots %s\n", mk[1] / mk[0],
+	       kdiffer ? "DIFFER" : "equal");
 	printf("RESULT name=hostscore scalar_ns_per_block=%.2f bound_ns_per_block=%.2f "
 	       "s8_step_ns_per_block=%.2f s8_kept_ns_per_block=%.2f bound_vs_scalar=%.3f "
-	       "kept_vs_step=%.3f kept_vs_bound=%.3f scores_equal=%d\n",
-	       m[3], m[0], m[1], m[2], m[0] / m[3], m[2] / m[1], m[2] / m[0],
-	       differ == 0 && differ16 == 0);
+	       "kept_vs_step=%.3f kept_vs_bound=%.3f kdot_unpack_ns_per_row=%.2f "
+	       "kdot_packed_ns_per_row=%.2f kdot_packed_vs_unpack=%.3f scores_equal=%d\n",
+	       m[3], m[0], m[1], m[2], m[0] / m[3], m[2] / m[1], m[2] / m[0], mk[0], mk[1],
+	       mk[1] / mk[0], differ == 0 && differ16 == 0 && kdiffer == 0);
 	for (uint32_t s = 0; s < nseg; s++) {
 		ks[s]->sum8 = rows[s];
 		ks[s]->sum8_scale = scales[s];
@@ -238,8 +322,13 @@ int main(int argc, char **argv)
 	free(sc_scalar);
 	free(sc_bound);
 	free(qr);
+	free(qrk);
+	free(qtk);
+	free(kb);
+	free(tk[0]);
+	free(tk[1]);
 	for (int c = 0; c < 4; c++)
 		free(t[c]);
 	synth_free(&kv);
-	return differ || differ16 ? 1 : 0;
+	return differ || differ16 || kdiffer ? 1 : 0;
 }
