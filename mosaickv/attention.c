@@ -299,7 +299,10 @@ static uint32_t bound_w(uint32_t nq)
 	return nq <= 4 ? 4 : 8;
 }
 
-static void bound_qt(const float *qr, uint32_t nq, uint32_t S, uint32_t nqp, float *qt)
+/* The first @S channels of @nq rotated queries @qr (head-major, S apart)
+ * channel-major into @qt: S rows of @nqp floats, heads nq..nqp - 1 zero
+ * (bound_score_t's and packed_dot_row's layout). */
+static void qr_channel_major(const float *qr, uint32_t nq, uint32_t S, uint32_t nqp, float *qt)
 {
 	for (uint32_t c = 0; c < S; c++)
 		for (uint32_t h = 0; h < nqp; h++)
@@ -621,7 +624,7 @@ static void score_all(const struct mkv_attn_opts *o, const float *q,
 		float qt[BS_QT];
 		const bool tq = (size_t)S * nqp <= BS_QT;
 		if (tq)
-			bound_qt(qr, o->n_q, S, nqp, qt);
+			qr_channel_major(qr, o->n_q, S, nqp, qt);
 		int8_t qi[MKV_MAX_QHEADS * 256], row[2 * 256];
 		float qsc[MKV_MAX_QHEADS];
 		for (uint32_t h = 0; b8 && h < o->n_q; h++)
@@ -690,7 +693,7 @@ int attend_blocks(const struct mkv_attn_opts *o, const float *q,
 		for (uint32_t h = 0; h < nq; h++)
 			osm_init(&s.part[h], pacc + (size_t)h * vv->d_keep, vv->d_keep);
 		rotate_queries(o, q, a->k, kv->d_keep, qr);
-		bound_qt(qr, nq, kv->d_keep, nq, s.qt);
+		qr_channel_major(qr, nq, kv->d_keep, nq, s.qt);
 		for (uint32_t bi = 0; bi < a->n_sel; bi++) {
 			uint32_t j = a->blocks[bi];
 			uint32_t i0 = j * kv->b;
@@ -831,7 +834,7 @@ int attn_refine_sel(const struct mkv_attn_opts *o, const float *q,
 		if (!src[i].n_sel)
 			continue;
 		rotate_queries(o, q, src[i].k, kv->d_keep, qr);
-		bound_qt(qr, nq, kv->d_keep, nq, qt);
+		qr_channel_major(qr, nq, kv->d_keep, nq, qt);
 		for (uint32_t bi = 0; bi < src[i].n_sel; bi++, ci++) {
 			uint32_t j = src[i].blocks[bi], i0 = j * kv->b;
 			uint32_t rows = kv->n - i0 < kv->b ? kv->n - i0 : kv->b;
