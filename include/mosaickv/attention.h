@@ -164,7 +164,7 @@ MKV_API int mkv_summary8(const struct mkv_segment *k, int8_t *rows, float *scale
  * with the segment, made once here: 8-bit scoring of @k (mkv_score_blocks,
  * mkv_select_blocks, mkv_attend_packed with o->summary_bits = 8) then
  * reads them instead of making each block's row on every call (on the CPU
- * the score then takes about a fifth of the time: bench/hostscore).  The
+ * the score then takes under a quarter of the time: bench/hostscore).  The
  * scores are the same bits either way; a block whose summaries are not
  * finite keeps no row and is scored as without.  Costs 2S + 4 bytes a
  * block until mkv_segment_destroy (not counted by mkv_segment_bytes, not

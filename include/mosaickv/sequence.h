@@ -175,10 +175,10 @@ struct mkv_seq_opts {
 	                          * final segments keep their 8-bit rows in
 	                          * host memory too (2S + 4 bytes a block,
 	                          * made once by the workers: the host score
-	                          * then takes a fifth of the time it takes
-	                          * making them per step, bench/hostscore;
-	                          * the bf16 bound's is faster still on the
-	                          * CPU).  Selection
+	                          * then takes under a quarter of the time
+	                          * it takes making them per step,
+	                          * bench/hostscore; the bf16 bound's is
+	                          * faster still on the CPU).  Selection
 	                          * moves little (docs/ACCURACY.md
 	                          * "All-integer scores") */
 };
