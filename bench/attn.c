@@ -26,6 +26,8 @@
  * from the scores).  oscore
  * and qscore time gpu_score_select / gpu_quest_score_select, which write
  * the lists: the stage inside a step is shorter by that write.
+ * oscut, qscut, os8cut: the same stages as the steps run them
+ * (GPU_ATTN_STAGE_CUT): where a step leaves only the cut, no lists.
  * os_1cta, os_many: ours' score+select stages (oscore) with the one-CTA
  * and the many-CTA select forced (GPU_ATTN_SELECT_ONE_CTA / _MANY_CTAS);
  * oscore uses the library's choice by shape.
@@ -230,6 +232,20 @@ static int f_packed_sl(const struct gpu_attn_args *a, const void *h, cudaStream_
 static int f_quest_ss(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return gpu_quest_score_select(a, h, s);
+}
+/* the stages as the steps run them (GPU_ATTN_STAGE_CUT: no lists where
+ * the step writes none) */
+static int f_packed_sc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_STAGE_CUT;
+	return gpu_score_select(&b, h, s);
+}
+static int f_quest_sc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_STAGE_CUT;
+	return gpu_quest_score_select(&b, h, s);
 }
 static int f_dense(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -646,7 +662,8 @@ int main(int argc, char **argv)
 		       "score_speedup_quest_1m=nan dense_vs_sdpa_1m=nan bw_frac_256k=nan "
 		       "flush_us_per_layer=nan prefill_encode_frac_64k=nan speedup_dense_1m_pos=nan "
 		       "speedup_quest_1m_pos=nan bw_frac_256k_pos=nan speedup_dense_1m_s8=nan "
-		       "speedup_quest_1m_s8=nan score_speedup_quest_1m_s8=nan bw_frac_256k_s8=nan\n");
+		       "speedup_quest_1m_s8=nan score_speedup_quest_1m_s8=nan bw_frac_256k_s8=nan "
+		       "score_speedup_quest_1m_cut=nan score_speedup_quest_1m_s8_cut=nan\n");
 		return 0;
 	}
 	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -710,15 +727,17 @@ int main(int argc, char **argv)
 
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
 	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | "
-	       "%9s %9s %9s %7s %9s\n",
+	       "%9s %9s %9s %7s %9s | %9s %9s %9s %7s %7s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
 	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
 	       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl", "ours_pos", "pos_128",
-	       "pos_512", "ours_s8", "os_s8", "pos_s8", "x_sc_s8", "ps8_ma");
+	       "pos_512", "ours_s8", "os_s8", "pos_s8", "x_sc_s8", "ps8_ma", "oscut", "qscut",
+	       "os8cut", "x_sccut", "x_s8cut");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
 	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
+	double r_sccut1m = NAN, r_s8cut1m = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
 			uint32_t B = bat[bi], L = ctx[ci], H = B * HKV;
@@ -763,6 +782,8 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_qsl = capture(f_quest_sl, &a, ddense);
 			cudaGraphExec_t g_q = capture(f_quest, &a, ddense);
 			cudaGraphExec_t g_qs = capture(f_quest_ss, &a, ddense);
+			cudaGraphExec_t g_psc_cut = capture(f_packed_sc, &a, dheads);
+			cudaGraphExec_t g_qsc_cut = capture(f_quest_sc, &a, ddense);
 			cudaGraphExec_t g_d = capture(f_dense, &a, ddense);
 			double t_p = time_graph(g_p, 1), t_ps = time_graph(g_ps, 1);
 			double t_q = time_graph(g_q, 1), t_qs = time_graph(g_qs, 1);
@@ -772,6 +793,9 @@ int main(int argc, char **argv)
 			double t_p64 = time_graph(g_p64, 1), t_p128 = time_graph(g_p128, 1);
 			double t_p256 = time_graph(g_p256, 1), t_p512 = time_graph(g_p512, 1);
 			double t_psl = time_graph(g_psl, 1), t_qsl = time_graph(g_qsl, 1);
+			double t_pcut = time_graph(g_psc_cut, 1), t_qcut = time_graph(g_qsc_cut, 1);
+			cudaGraphExecDestroy(g_psc_cut);
+			cudaGraphExecDestroy(g_qsc_cut);
 			/* the serving format's rows (same bytes, 2.5x the values) */
 			make_heads(&s, H, L, dsegs, dheads, ddense, 1);
 			cudaGraphExec_t g_pq = capture(f_packed, &a, dheads);
@@ -797,7 +821,10 @@ int main(int argc, char **argv)
 			make_heads(&s, H, L, dsegs, dheads, ddense, 4);
 			cudaGraphExec_t g_p8 = capture(f_packed, &a, dheads);
 			cudaGraphExec_t g_ps8 = capture(f_packed_ss, &a, dheads);
+			cudaGraphExec_t g_ps8c = capture(f_packed_sc, &a, dheads);
 			double t_p8 = time_graph(g_p8, 1), t_ps8 = time_graph(g_ps8, 1);
+			double t_ps8c = time_graph(g_ps8c, 1);
+			cudaGraphExecDestroy(g_ps8c);
 			double t8_1 = NAN, t8_2 = NAN;
 			if (split) {
 				cudaGraphExec_t g1 = capture(f_packed_upto1, &a, dheads);
@@ -839,11 +866,12 @@ int main(int argc, char **argv)
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
 			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f "
 			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | "
-			       "%9.1f %9.1f %9.1f %7.2f %9.1f\n",
+			       "%9.1f %9.1f %9.1f %7.2f %9.1f | %9.1f %9.1f %9.1f %7.2f %7.2f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
 			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
-			       t_qsl, t_pp, t_pp128, t_pp512, t_p8, t_ps8, t_pp8, t_qs / t_ps8, t_pp8m);
+			       t_qsl, t_pp, t_pp128, t_pp512, t_p8, t_ps8, t_pp8, t_qs / t_ps8, t_pp8m,
+			       t_pcut, t_qcut, t_ps8c, t_qcut / t_pcut, t_qcut / t_ps8c);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -867,6 +895,8 @@ int main(int argc, char **argv)
 				r_ds81m = t_d / t_pp8;
 				r_qs81m = t_q / t_pp8;
 				r_sc81m = t_qs / t_ps8;
+				r_sccut1m = t_qcut / t_pcut;
+				r_s8cut1m = t_qcut / t_ps8c;
 			}
 			if (B == 1 && L == 262144) {
 				r_bw256 = bwf;
@@ -899,7 +929,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots)\n", RQ);
 
 	if (once)
 		return 0;
@@ -930,8 +960,9 @@ int main(int argc, char **argv)
 	       "score_speedup_quest_1m=%.3f dense_vs_sdpa_1m=%.3f bw_frac_256k=%.3f "
 	       "flush_us_per_layer=%.2f prefill_encode_frac_64k=%.4f speedup_dense_1m_pos=%.3f "
 	       "speedup_quest_1m_pos=%.3f bw_frac_256k_pos=%.3f speedup_dense_1m_s8=%.3f "
-	       "speedup_quest_1m_s8=%.3f score_speedup_quest_1m_s8=%.3f bw_frac_256k_s8=%.3f\n",
+	       "speedup_quest_1m_s8=%.3f score_speedup_quest_1m_s8=%.3f bw_frac_256k_s8=%.3f "
+	       "score_speedup_quest_1m_cut=%.3f score_speedup_quest_1m_s8_cut=%.3f\n",
 	       r_dense1m, r_quest1m, r_score1m, r_sdpa1m, r_bw256, flush, frac, r_dpos1m, r_qpos1m,
-	       r_bwpos256, r_ds81m, r_qs81m, r_sc81m, r_bws8256);
+	       r_bwpos256, r_ds81m, r_qs81m, r_sc81m, r_bws8256, r_sccut1m, r_s8cut1m);
 	return 0;
 }

@@ -5252,7 +5252,7 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 	if (!quest && !(a->flags & GPU_ATTN_CUDA_CORES))
 		return launch_dense_tc<NQ, D>(a, heads, s);
 	struct ws_layout L = ws_plan(a, quest ? WS_QUEST : WS_DENSE);
-	L.cut_only = quest && attend && cut_only_of(a);
+	L.cut_only = quest && (attend || (a->flags & GPU_ATTN_STAGE_CUT)) && cut_only_of(a);
 	char *ws = (char *)a->ws;
 	if (quest) {
 		GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
@@ -5321,6 +5321,8 @@ static int launch_ss(const struct gpu_attn_args *a, const struct gpu_head *heads
 		     int upto)
 {
 	struct ws_layout L = ws_plan(a, WS_PACKED);
+	if (a->flags & GPU_ATTN_STAGE_CUT)
+		L.cut_only = cut_only_of(a);
 	return launch_score_select<NQ>(a, heads, L, s, upto);
 }
 

@@ -198,6 +198,13 @@ struct gpu_attn_args {
  * live slots first; kept to compare, and the path of steps with more than
  * 4,096 slots or 1,024 live ones). */
 #define GPU_ATTN_MERGE_ALL 4096u
+/* gpu_score_select / gpu_quest_score_select run the stage as a step of
+ * this shape runs it: where the step leaves only the cut (see
+ * GPU_ATTN_SELECT_LIST), so does the stage, and no list is written
+ * (gpu_ws_selected, gpu_ws_counts and gpu_ws_chunks are then stale; the
+ * cut, gpu_ws_cut, is the same).  Without it the stage always writes the
+ * lists.  To time the stage that a step contains (bench/attn). */
+#define GPU_ATTN_STAGE_CUT 8192u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

@@ -1343,8 +1343,10 @@ static void cut_equals_list(struct run *r, uint32_t h, uint32_t nb, const struct
  * The many-CTA select and the one-CTA select make the same
  * selection and chunk list, bit for bit, on a freshly poisoned scratch
  * each time; the cut each leaves takes the same blocks (cut_equals_list;
- * @nbs: the heads' block counts), and so does a step's (@step: the heads
- * have packed rows to attend).  Returns the heads' total selected count.
+ * @nbs: the heads' block counts), and so does the cut of the stage run
+ * with GPU_ATTN_STAGE_CUT (which writes no list) and a step's (@step: the
+ * heads have packed rows to attend).  Returns the heads' total selected
+ * count.
  */
 static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed,
 			       const uint32_t *nbs, int step)
@@ -1358,6 +1360,21 @@ static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed,
 		GU_CK(cudaDeviceSynchronize());
 		for (uint32_t h = 0; h < r->H; h++) {
 			sel_fetch(r, h, pass ? &one[h] : &many[h]);
+			cut_equals_list(r, h, nbs[h], pass ? &one[h] : &many[h], seed);
+		}
+		/* the stage as a step runs it (GPU_ATTN_STAGE_CUT; these shapes
+		 * leave the cut): the same cut, and no list written */
+		GU_CK(cudaMemset(r->ws, 0xff, r->a.ws_bytes));
+		r->a.flags |= GPU_ATTN_STAGE_CUT;
+		cr_assert_eq(gpu_score_select(&r->a, dheads, 0), 0);
+		GU_CK(cudaDeviceSynchronize());
+		r->a.flags &= ~GPU_ATTN_STAGE_CUT;
+		for (uint32_t h = 0; h < r->H; h++) {
+			uint32_t cnt[2];
+			GU_CK(cudaMemcpy(cnt, gpu_ws_counts(&r->a, h), 8, cudaMemcpyDeviceToHost));
+			cr_assert(cnt[0] == 0xffffffffu && cnt[1] == 0xffffffffu,
+				  "seed %llu head %u: the cut-only stage wrote a list (%u, %u)",
+				  (unsigned long long)seed, h, cnt[0], cnt[1]);
 			cut_equals_list(r, h, nbs[h], pass ? &one[h] : &many[h], seed);
 		}
 		if (!step)
@@ -1534,6 +1551,27 @@ static void check_dense(int quest, uint32_t d, uint32_t nq, uint32_t qb, double 
 	run_init(&r, &rng, H, nq, d, frac);
 	run_args(&r, 1, (uint32_t)((maxn + qb - 1) / qb), 300, qb);
 	r.dheads = gu_upload(hh, sizeof hh);
+	if (quest) {
+		/* Quest's stage as its step runs it (GPU_ATTN_STAGE_CUT: no
+		 * lists at this shape) leaves the cut the stage with lists
+		 * leaves */
+		uint32_t cut[2][MAXH][2];
+		for (int pass = 0; pass < 2; pass++) {
+			GU_CK(cudaMemset(r.ws, 0xff, r.a.ws_bytes));
+			r.a.flags = pass ? GPU_ATTN_STAGE_CUT : 0;
+			cr_assert_eq(gpu_quest_score_select(&r.a, r.dheads, 0), 0);
+			GU_CK(cudaDeviceSynchronize());
+			for (uint32_t h = 0; h < H; h++)
+				GU_CK(cudaMemcpy(cut[pass][h], gpu_ws_cut(&r.a, h), 8,
+						 cudaMemcpyDeviceToHost));
+		}
+		r.a.flags = g_flags;
+		for (uint32_t h = 0; h < H; h++)
+			cr_assert(cut[0][h][0] == cut[1][h][0] && cut[0][h][1] == cut[1][h][1],
+				  "seed %llu head %u: cut %08x/%u with lists, %08x/%u without",
+				  (unsigned long long)seed, h, cut[0][h][0], cut[0][h][1],
+				  cut[1][h][0], cut[1][h][1]);
+	}
 	int rc = quest ? gpu_attend_quest(&r.a, r.dheads, 0) : gpu_attend_dense(&r.a, r.dheads, 0);
 	cr_assert_eq(rc, 0);
 	run_fetch(&r);
