@@ -25,6 +25,7 @@ struct mkv_segment {
 	/* Growable segments: the projection appends encode with (d_keep × d,
 	 * mkv_rot_projection of rot_f32); NULL otherwise. */
 	float *proj_f32;
+	float *proj_t; /* proj_f32 transposed (d × d_keep), for mkv_rotate_t */
 	/* A key segment that no longer changes (a sequence's final
 	 * skeletons, or a caller's after mkv_segment_keep_summary8): its
 	 * blocks' 8-bit rows, made once by seg_make_sum8
@@ -242,13 +243,32 @@ MKV_HIDDEN void mkv_sort_desc(float *v, uint32_t n);
  * double, full symmetric).  Returns 0 or -ENOMEM (cov untouched). */
 MKV_HIDDEN int mkv_cov_accumulate(double *cov, const float *x, size_t n,
 				   uint32_t d);
-/* As mkv_cov_accumulate, with exact products and double sums throughout
- * (for the incremental statistics, whose results must not depend on how
- * the vectors were chunked).  @cov must be symmetric on entry. */
+/* XᵀX with exact products and double sums throughout (the incremental
+ * statistics), added to the upper triangle of @cov (row-major: element
+ * (a, b), b >= a, at a * d + b); the lower triangle is neither read nor
+ * written (mkv_eigen_rows reads the upper one).  One row is added as its
+ * own rank-1 update (the bits SYRK gives for it).  @scratch: NULL, or
+ * min(n, 512) × d doubles for more than one row (then it cannot fail).
+ * Returns 0 or -ENOMEM (cov untouched). */
 MKV_HIDDEN int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n,
-				      uint32_t d);
+				      uint32_t d, double *scratch);
+/* A sequence's open-segment statistics: from now on @st keeps no
+ * covariance (appends skip it; mkv_segstats_eigen refuses, -EINVAL), only
+ * what mkv_segstats_loss and _choose read. */
+MKV_HIDDEN void segstats_no_covariance(struct mkv_segstats *st);
+/* RT (d × m) = the transpose of R (m × d), both row-major. */
+MKV_HIDDEN void mkv_transpose(const float *R, uint32_t m, uint32_t d, float *RT);
+/* y = R x for one vector x of d floats, R's m rows given transposed (RT,
+ * d × m: mkv_transpose).  Each output is x[0] R[j][0] + x[1] R[j][1] + ...
+ * added in channel order, one rounding a step, whatever m is: a vector
+ * rotated alone or in a chunk, and by R's first m or all rows, gets the
+ * same bits for the same row of R (unlike BLAS, whose order depends on
+ * the shape and the build). */
+MKV_HIDDEN void mkv_rotate_t(const float *RT, uint32_t m, uint32_t d,
+			     const float *x, float *y);
 /* Eigenvectors of the d × d covariance as rows of @R (float), eigenvalues
- * descending into @eig (may be NULL).  Returns 0, -MKV_ELAPACK, -ENOMEM. */
+ * descending into @eig (may be NULL).  Reads @cov's upper triangle only
+ * (row-major, as LAPACKE's 'U').  Returns 0, -MKV_ELAPACK, -ENOMEM. */
 MKV_HIDDEN int mkv_eigen_rows(const double *cov, uint32_t d, float *R,
 			      double *eig);
 

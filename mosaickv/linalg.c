@@ -33,9 +33,28 @@ int mkv_cov_accumulate(double *cov, const float *x, size_t n, uint32_t d)
 	return 0;
 }
 
-int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n, uint32_t d)
+int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n, uint32_t d,
+			   double *scratch)
 {
-	double *xd = malloc(sizeof(double) * COV_CHUNK * d);
+	if (n == 1) {
+		/* One row (every decoded token): the rank-1 update itself.
+		 * SYRK over one row adds the same exact products to the same
+		 * sums, each rounded once, so the bits are SYRK's; it spares
+		 * the call's setup and the chunk's scratch, which cost the
+		 * decode thread ~30 us a vector. */
+		double xd[MKV_MAX_D];
+		for (uint32_t a = 0; a < d; a++)
+			xd[a] = x[a];
+		for (uint32_t a = 0; a < d; a++) {
+			const double xa = xd[a];
+			double *c = cov + (size_t)a * d;
+			for (uint32_t b = a; b < d; b++)
+				c[b] += xa * xd[b];
+		}
+		return 0;
+	}
+	size_t rows = n < COV_CHUNK ? n : COV_CHUNK;
+	double *xd = scratch ? scratch : malloc(sizeof(double) * rows * d);
 	if (!xd)
 		return -ENOMEM;
 	for (size_t i0 = 0; i0 < n; i0 += COV_CHUNK) {
@@ -46,12 +65,43 @@ int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n, uint32_t d)
 		cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)d, (int)m,
 			    1.0, xd, (int)d, 1.0, cov, (int)d);
 	}
-	/* Mirror the upper triangle: readers use the full matrix. */
-	for (uint32_t a = 0; a < d; a++)
-		for (uint32_t b = a + 1; b < d; b++)
-			cov[b * d + a] = cov[a * d + b];
-	free(xd);
+	if (xd != scratch)
+		free(xd);
 	return 0;
+}
+
+void mkv_transpose(const float *R, uint32_t m, uint32_t d, float *RT)
+{
+	for (uint32_t j = 0; j < m; j++)
+		for (uint32_t i = 0; i < d; i++)
+			RT[(size_t)i * m + j] = R[(size_t)j * d + i];
+}
+
+/* Outputs per pass: eight 4-wide accumulators stay in registers while
+ * the channels stream by. */
+#define ROT_BLOCK 32
+
+void mkv_rotate_t(const float *restrict RT, uint32_t m, uint32_t d,
+		  const float *restrict x, float *restrict y)
+{
+	uint32_t j0 = 0;
+	for (; j0 + ROT_BLOCK <= m; j0 += ROT_BLOCK) {
+		float acc[ROT_BLOCK];
+		for (uint32_t j = 0; j < ROT_BLOCK; j++)
+			acc[j] = x[0] * RT[j0 + j];
+		for (uint32_t i = 1; i < d; i++) {
+			const float xi = x[i], *r = RT + (size_t)i * m + j0;
+			for (uint32_t j = 0; j < ROT_BLOCK; j++)
+				acc[j] += xi * r[j];
+		}
+		memcpy(y + j0, acc, sizeof(acc));
+	}
+	for (; j0 < m; j0++) {
+		float a = x[0] * RT[j0];
+		for (uint32_t i = 1; i < d; i++)
+			a += x[i] * RT[(size_t)i * m + j0];
+		y[j0] = a;
+	}
 }
 
 int mkv_eigen_rows(const double *cov, uint32_t d, float *R, double *eig)
@@ -150,11 +200,15 @@ void mkv_topk_mask(const float *e, uint32_t m, uint32_t k, uint8_t *sel,
 }
 
 /* Sort non-negative floats descending, in place.  They order like their
- * bit patterns, so this is an integer sort; insertion sort under 24
- * elements, quicksort above, no callback per comparison. */
-void mkv_sort_desc(float *v, uint32_t n)
+ * bit patterns, so this is an integer sort: up to 256 elements (a
+ * vector's group energies, sorted for every tracked vector), two radix
+ * passes on the top 16 bits (exponent and 7 mantissa bits) and an
+ * insertion pass for what those leave tied, which is little and local:
+ * no data-dependent branch per comparison, ~3.5x faster than the
+ * quicksort on 128 energies.  Insertion sort under 24 elements; quicksort
+ * above 256 (no caller sorts that many). */
+static void sort_quick(uint32_t *a, uint32_t n)
 {
-	uint32_t *a = (uint32_t *)(void *)v;
 	while (n > 24) {
 		uint32_t p = a[n / 2], i = 0, j = n - 1;
 		for (;;) {
@@ -171,21 +225,55 @@ void mkv_sort_desc(float *v, uint32_t n)
 		/* recurse into the smaller side, loop on the larger */
 		uint32_t left = j + 1;
 		if (left < n - left) {
-			mkv_sort_desc(v, left);
-			v += left;
+			sort_quick(a, left);
 			a += left;
 			n -= left;
 		} else {
-			mkv_sort_desc(v + left, n - left);
+			sort_quick(a + left, n - left);
 			n = left;
 		}
 	}
+}
+
+static void sort_insertion(uint32_t *a, uint32_t n)
+{
 	for (uint32_t i = 1; i < n; i++) {
 		uint32_t x = a[i], j = i;
 		for (; j > 0 && a[j - 1] < x; j--)
 			a[j] = a[j - 1];
 		a[j] = x;
 	}
+}
+
+void mkv_sort_desc(float *v, uint32_t n)
+{
+	uint32_t *a = (uint32_t *)(void *)v;
+	if (n > 24 && n <= 256) {
+		uint32_t lo[256], hi[256], tmp[256];
+		memset(lo, 0, sizeof(lo));
+		memset(hi, 0, sizeof(hi));
+		for (uint32_t i = 0; i < n; i++) {
+			lo[(a[i] >> 16) & 255]++;
+			hi[a[i] >> 24]++;
+		}
+		/* descending: bucket 255 first */
+		uint32_t pl = 0, ph = 0;
+		for (int k = 255; k >= 0; k--) {
+			uint32_t t = lo[k];
+			lo[k] = pl;
+			pl += t;
+			t = hi[k];
+			hi[k] = ph;
+			ph += t;
+		}
+		for (uint32_t i = 0; i < n; i++)
+			tmp[lo[(a[i] >> 16) & 255]++] = a[i];
+		for (uint32_t i = 0; i < n; i++)
+			a[hi[tmp[i] >> 24]++] = tmp[i];
+	} else if (n > 256) {
+		sort_quick(a, n);
+	}
+	sort_insertion(a, n);
 }
 
 bool mkv_d_valid(uint32_t d)

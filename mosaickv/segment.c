@@ -151,6 +151,7 @@ void mkv_segment_destroy(struct mkv_segment *s)
 	free(s->sum_rest);
 	free(s->rot_f32);
 	free(s->proj_f32);
+	free(s->proj_t);
 	free(s->sum8);
 	free(s->sum8_scale);
 	free(s);
@@ -992,6 +993,12 @@ int seg_grow_create(const struct mkv_encode_opts *oin, struct mkv_segment **out)
 		mkv_segment_destroy(s);
 		return rc;
 	}
+	s->proj_t = malloc(sizeof(float) * d_keep * o->d);
+	if (!s->proj_t) {
+		mkv_segment_destroy(s);
+		return -ENOMEM;
+	}
+	mkv_transpose(R, d_keep, o->d, s->proj_t);
 	s->v.n = 0;
 	s->v.n_blocks = 0;
 	*out = s;
@@ -1063,8 +1070,7 @@ int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
 	uint32_t ng = v->d_keep / v->g, kg = v->r / v->g, S = v->summary_channels;
 	for (size_t t = 0; t < n; t++) {
 		size_t i = v->n;
-		cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)v->d_keep, (int)v->d,
-			    1.0f, s->proj_f32, (int)v->d, x + t * v->d, 1, 0.0f, xr, 1);
+		mkv_rotate_t(s->proj_t, v->d_keep, v->d, x + t * v->d, xr);
 		group_energy(xr, v->d_keep, v->g, e);
 		mkv_topk_mask(e, ng, kg, sel, tmp);
 		memset(s->bitmaps + i * v->bitmap_bytes, 0, v->bitmap_bytes);

@@ -14,7 +14,6 @@
  *   - for every candidate b, the within-block sum of squares of the first S
  *     rotated channels over completed blocks, against the total variance.
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +29,8 @@ struct mkv_segstats {
 	uint32_t d, d_keep, S;
 	size_t count;     /* vectors in the covariance */
 	double *cov;      /* d × d */
-	float *R;         /* d × d current rotation, NULL = identity */
+	float *RT;        /* the current rotation (d × d) transposed, for
+			   * mkv_rotate_t; NULL = identity */
 	size_t tracked;   /* vectors in the tables below */
 	double energy;    /* Σ ‖x‖² of tracked vectors */
 	double dropped;   /* Σ of their energy in the dropped rotated channels */
@@ -43,6 +43,7 @@ struct mkv_segstats {
 	double *csum;     /* S: Σ x'_c */
 	double csq;       /* Σ Σ_c x'_c² over the S channels */
 	float *xbuf, *xr; /* TRACK_CHUNK × d scratch */
+	bool no_cov;      /* segstats_no_covariance: cov is not kept */
 };
 
 static const uint32_t g_of[N_G] = {1, 2, 4, 8};
@@ -83,7 +84,7 @@ void mkv_segstats_destroy(struct mkv_segstats *st)
 	if (!st)
 		return;
 	free(st->cov);
-	free(st->R);
+	free(st->RT);
 	for (int i = 0; i < N_G; i++)
 		free(st->rank[i]);
 	free(st->blk);
@@ -159,15 +160,14 @@ static void track(struct mkv_segstats *st, const float *x, size_t n)
 	uint32_t d = st->d, dk = st->d_keep, S = st->S;
 	const float *xr = x;
 	uint32_t ld = d;
-	if (st->R) {
-		/* Row by row, so a vector's rotated form (and every loss) is
-		 * the same whether it arrived alone or in a chunk.  All d rows:
-		 * the dropped channels' energy is summed directly rather than
-		 * as a difference, which would cancel to noise at small loss. */
+	if (st->RT) {
+		/* Row by row in a fixed order (mkv_rotate_t), so a vector's
+		 * rotated form (and every loss) is the same whether it arrived
+		 * alone or in a chunk.  All d rows: the dropped channels'
+		 * energy is summed directly rather than as a difference, which
+		 * would cancel to noise at small loss. */
 		for (size_t i = 0; i < n; i++)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)d, (int)d,
-				    1.0f, st->R, (int)d, x + i * d, 1, 0.0f,
-				    st->xr + i * d, 1);
+			mkv_rotate_t(st->RT, d, d, x + i * d, st->xr + i * d);
 		xr = st->xr;
 	}
 	float e[MKV_MAX_D];
@@ -225,16 +225,29 @@ int mkv_segstats_append(struct mkv_segstats *st, const void *x,
 		if (!mkv_load_f32(st->xbuf, (const char *)x + i0 * d * es, dt, m * d))
 			return -MKV_ENONFINITE;
 	}
+	/* The covariance's scratch before anything is summed, so that no
+	 * chunk can fail half way (one row needs none). */
+	double *scratch = NULL;
+	if (!st->no_cov && n > 1) {
+		scratch = malloc(sizeof(double) * (n < TRACK_CHUNK ? n : TRACK_CHUNK) * d);
+		if (!scratch)
+			return -ENOMEM;
+	}
 	for (size_t i0 = 0; i0 < n; i0 += TRACK_CHUNK) {
 		size_t m = n - i0 < TRACK_CHUNK ? n - i0 : TRACK_CHUNK;
 		mkv_load_f32(st->xbuf, (const char *)x + i0 * d * es, dt, m * d);
-		int rc = mkv_cov_accumulate_f64(st->cov, st->xbuf, m, st->d);
-		if (rc)
-			return rc; /* only possible on the first chunk's scratch */
+		if (!st->no_cov)
+			(void)mkv_cov_accumulate_f64(st->cov, st->xbuf, m, st->d, scratch);
 		track(st, st->xbuf, m);
 		st->count += m;
 	}
+	free(scratch);
 	return 0;
+}
+
+void segstats_no_covariance(struct mkv_segstats *st)
+{
+	st->no_cov = true;
 }
 
 size_t mkv_segstats_count(const struct mkv_segstats *st)
@@ -250,15 +263,15 @@ int mkv_segstats_set_rotation(struct mkv_segstats *st, const float *R)
 	if (R && !mkv_all_finite(R, m))
 		return -MKV_ENONFINITE;
 	if (R) {
-		if (!st->R) {
-			st->R = malloc(sizeof(float) * m);
-			if (!st->R)
+		if (!st->RT) {
+			st->RT = malloc(sizeof(float) * m);
+			if (!st->RT)
 				return -ENOMEM;
 		}
-		memcpy(st->R, R, sizeof(float) * m);
+		mkv_transpose(R, st->d, st->d, st->RT);
 	} else {
-		free(st->R);
-		st->R = NULL;
+		free(st->RT);
+		st->RT = NULL;
 	}
 	tables_clear(st);
 	return 0;
@@ -266,7 +279,7 @@ int mkv_segstats_set_rotation(struct mkv_segstats *st, const float *R)
 
 int mkv_segstats_eigen(const struct mkv_segstats *st, float *R, double *eig)
 {
-	if (!st || !R || st->count == 0)
+	if (!st || !R || st->count == 0 || st->no_cov)
 		return -EINVAL;
 	return mkv_eigen_rows(st->cov, st->d, R, eig);
 }
@@ -399,7 +412,7 @@ int mkv_strategy_choose(const struct mkv_strategy_opts *o, const void *x,
 	rc = -MKV_ENONFINITE;
 	if (!mkv_load_f32(X, x, dt, n * d))
 		goto out;
-	rc = mkv_cov_accumulate_f64(st->cov, X, n, o->d);
+	rc = mkv_cov_accumulate_f64(st->cov, X, n, o->d, NULL);
 	if (rc)
 		goto out;
 	st->count = n;

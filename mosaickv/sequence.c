@@ -522,6 +522,11 @@ static int open_begin(struct mkv_seq *s, struct lh *l, uint32_t start)
 	    (rc = mkv_segstats_set_rotation(lk, l->next.Rk)) ||
 	    (rc = mkv_segstats_set_rotation(lv, l->next.Rv)))
 		goto fail;
+	/* Only the loss is read (open_should_close): the workers choose the
+	 * final strategy from the raw vectors, so a covariance here would
+	 * be summed on every token for nothing. */
+	segstats_no_covariance(lk);
+	segstats_no_covariance(lv);
 	if ((rc = strat_copy(&l->open, &l->next, s->o.d)))
 		goto fail;
 	mkv_segment_destroy(l->ok);
