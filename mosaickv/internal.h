@@ -266,6 +266,10 @@ MKV_HIDDEN void mkv_transpose(const float *R, uint32_t m, uint32_t d, float *RT)
  * the shape and the build). */
 MKV_HIDDEN void mkv_rotate_t(const float *RT, uint32_t m, uint32_t d,
 			     const float *x, float *y);
+/* mkv_rotate_t's build for CPUs without AVX2 (which mkv_rotate_t picks
+ * there); the same bits. */
+MKV_HIDDEN void mkv_rotate_t_sse2(const float *RT, uint32_t m, uint32_t d,
+				  const float *x, float *y);
 /* Eigenvectors of the d × d covariance as rows of @R (float), eigenvalues
  * descending into @eig (may be NULL).  Reads @cov's upper triangle only
  * (row-major, as LAPACKE's 'U').  Returns 0, -MKV_ELAPACK, -ENOMEM. */

@@ -5,8 +5,9 @@
  *  - mkv_sort_desc sorts like qsort with a float comparator, whatever the
  *    length, ties, zeros or order of the input;
  *  - mkv_rotate_t gives, bit for bit, the plain channel-ordered float sum
- *    of each output, whatever the number of rows asked for, and stays
- *    within float rounding of a double reference;
+ *    of each output, whatever the number of rows asked for, in its AVX2
+ *    and its SSE2 build, and stays within float rounding of a double
+ *    reference;
  *  - mkv_cov_accumulate_f64 adds a single row with the bits of BLAS's
  *    SYRK over that row, fills the upper triangle only, and its chunked
  *    path with and without caller scratch agree;
@@ -136,6 +137,10 @@ Test(linalg, rotate_t_is_the_channel_ordered_sum)
 			for (uint32_t i = 0; i < d; i++)
 				cr_assert(RT[(size_t)i * d + j] == R[(size_t)j * d + i]);
 		mkv_rotate_t(RT, d, d, x, y);
+		/* both builds, whichever this CPU runs */
+		mkv_rotate_t_sse2(RT, d, d, x, ym);
+		cr_assert(memcmp(y, ym, sizeof(float) * d) == 0,
+			  "seed %llu d %u: the SSE2 build differs", (unsigned long long)seed, d);
 		for (uint32_t j = 0; j < d; j++) {
 			float a = x[0] * R[(size_t)j * d];
 			double ad = 0.0, mag = 0.0;
@@ -163,6 +168,10 @@ Test(linalg, rotate_t_is_the_channel_ordered_sum)
 			cr_assert(memcmp(ym, y, sizeof(float) * m) == 0,
 				  "seed %llu d %u: rows 0..%u differ from the d-row rotation",
 				  (unsigned long long)seed, d, m);
+			mkv_rotate_t_sse2(RTm, m, d, x, ym);
+			cr_assert(memcmp(ym, y, sizeof(float) * m) == 0,
+				  "seed %llu d %u: SSE2 rows 0..%u differ", (unsigned long long)seed,
+				  d, m);
 		}
 		free(RTm);
 		free(R);
