@@ -252,6 +252,11 @@ MKV_HIDDEN int mkv_cov_accumulate(double *cov, const float *x, size_t n,
  * Returns 0 or -ENOMEM (cov untouched). */
 MKV_HIDDEN int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n,
 				      uint32_t d, double *scratch);
+/* The rotation mkv_strategy_choose picks for @n finite float rows (d × d
+ * into @R, the same bits), without the loss and variance tables it also
+ * builds: for callers whose r, g and b are fixed.  Returns 0, -ENOMEM,
+ * -MKV_ELAPACK. */
+MKV_HIDDEN int mkv_rotation_of(const float *x, size_t n, uint32_t d, float *R);
 /* A sequence's open-segment statistics: from now on @st keeps no
  * covariance (appends skip it; mkv_segstats_eigen refuses, -EINVAL), only
  * what mkv_segstats_loss and _choose read. */

@@ -392,6 +392,18 @@ void mkv_segstats_reset(struct mkv_segstats *st)
 	tables_clear(st);
 }
 
+int mkv_rotation_of(const float *x, size_t n, uint32_t d, float *R)
+{
+	double *cov = calloc((size_t)d * d, sizeof(double));
+	if (!cov)
+		return -ENOMEM;
+	int rc = mkv_cov_accumulate_f64(cov, x, n, d, NULL);
+	if (rc == 0)
+		rc = mkv_eigen_rows(cov, d, R, NULL);
+	free(cov);
+	return rc;
+}
+
 int mkv_strategy_choose(const struct mkv_strategy_opts *o, const void *x,
 			enum mkv_dtype dt, size_t n, float *R,
 			struct mkv_strategy *s)
@@ -412,6 +424,7 @@ int mkv_strategy_choose(const struct mkv_strategy_opts *o, const void *x,
 	rc = -MKV_ENONFINITE;
 	if (!mkv_load_f32(X, x, dt, n * d))
 		goto out;
+	/* the rotation as mkv_rotation_of makes it (the same bits) */
 	rc = mkv_cov_accumulate_f64(st->cov, X, n, o->d, NULL);
 	if (rc)
 		goto out;

@@ -369,6 +369,15 @@ static void lag_update(struct mkv_seq *s)
 static int choose(const struct mkv_seq *s, const float *x, size_t n, float *R,
 		  uint32_t *r, uint32_t *g, uint32_t *b)
 {
+	if (!s->o.adaptive) {
+		/* r, g and b are fixed: only the rotation is chosen, without
+		 * the loss and variance tables (a rotation and a sort per
+		 * vector) that choosing them takes */
+		*r = s->o.r;
+		*g = s->o.g;
+		*b = s->o.b;
+		return mkv_rotation_of(x, n, s->o.d, R);
+	}
 	struct mkv_strategy_opts so;
 	mkv_strategy_opts_init(&so, sizeof so);
 	so.d = s->o.d;
@@ -379,15 +388,9 @@ static int choose(const struct mkv_seq *s, const float *x, size_t n, float *R,
 	int rc = mkv_strategy_choose(&so, x, MKV_DTYPE_F32, n, R, &st);
 	if (rc)
 		return rc;
-	if (!s->o.adaptive) {
-		*r = s->o.r;
-		*g = s->o.g;
-		*b = s->o.b;
-	} else {
-		*r = st.r;
-		*g = st.g;
-		*b = st.b;
-	}
+	*r = st.r;
+	*g = st.g;
+	*b = st.b;
 	return 0;
 }
 

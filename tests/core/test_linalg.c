@@ -11,6 +11,7 @@
  *  - mkv_cov_accumulate_f64 adds a single row with the bits of BLAS's
  *    SYRK over that row, fills the upper triangle only, and its chunked
  *    path with and without caller scratch agree;
+ *  - mkv_rotation_of gives mkv_strategy_choose's rotation, bit for bit;
  *  - a segstats without covariance (a sequence's open segment) gives the
  *    same losses, bit for bit, as one with, and refuses an eigen-
  *    decomposition.
@@ -287,4 +288,31 @@ Test(linalg, segstats_without_covariance_same_losses)
 	mkv_segstats_destroy(b);
 	free(x);
 	free(R);
+}
+
+Test(linalg, rotation_of_is_strategy_choose_rotation)
+{
+	uint64_t seed = seed_of();
+	struct rng r = {seed};
+	const uint32_t dims[] = {64, 128, 256};
+	for (size_t di = 0; di < 3; di++) {
+		uint32_t d = dims[di], n = 100 + (uint32_t)(next(&r) % 1500);
+		float *x = malloc(sizeof(float) * n * d), *Ra = malloc(sizeof(float) * d * d);
+		float *Rb = malloc(sizeof(float) * d * d);
+		for (uint32_t i = 0; i < n * d; i++)
+			x[i] = (float)(normal(&r) * (1.0 + 8.0 * ((i % d) % 11 == 0)));
+		struct mkv_strategy_opts so;
+		cr_assert_eq(mkv_strategy_opts_init(&so, sizeof so), 0);
+		so.d = d;
+		so.drop = (uint32_t)(next(&r) % 2);
+		struct mkv_strategy st;
+		cr_assert_eq(mkv_strategy_choose(&so, x, MKV_DTYPE_F32, n, Ra, &st), 0);
+		cr_assert_eq(mkv_rotation_of(x, n, d, Rb), 0);
+		cr_assert(memcmp(Ra, Rb, sizeof(float) * d * d) == 0,
+			  "seed %llu d %u n %u: the rotations differ", (unsigned long long)seed, d,
+			  n);
+		free(x);
+		free(Ra);
+		free(Rb);
+	}
 }
