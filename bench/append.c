@@ -4,22 +4,23 @@
  * token of a layer (every KV head's K and V compressed into its update
  * buffer, and the open segment's loss statistics), in one run with:
  *
- * Part 1, the per-vector pieces of the statistics and the buffer's
- * rotation, each against the way the library did it before (written out
- * here), on synthetic LLM-like keys (tools/synth.h), d = 128:
+ * Part 1, the per-vector pieces of the incremental statistics
+ * (mkv_segstats: a caller's own, and the workers' strategy choice when r,
+ * g and b are adaptive) and of the update buffer's rotation, each against
+ * the way the library did it before (written out here), on synthetic
+ * LLM-like keys (tools/synth.h), d = 128:
  *   rot_blas / rot_fixed   a 128 x 128 rotation of one vector: cblas_sgemv
  *                          against mkv_rotate_t (the fixed-order kernel);
  *   cov_syrk / cov_rank1   the covariance's one-row update: a 512-row
  *                          scratch allocated, the row widened, cblas_dsyrk,
  *                          the lower triangle mirrored; against
  *                          mkv_cov_accumulate_f64's rank-1 update (checked
- *                          bit-equal on the upper triangle).  The sequence
- *                          now keeps no covariance for its open segments,
- *                          which never read it: cov_rank1 is what a caller's
- *                          own mkv_segstats pays;
+ *                          bit-equal on the upper triangle);
  *   sort_quick / sort_radix  sorting the vector's 128 channel energies: the
  *                          quicksort with an insertion finish against
  *                          mkv_sort_desc (checked equal).
+ * A sequence's append itself no longer runs the statistics: its open
+ * segment's loss comes from the buffer's own encoding (seg_grow_append).
  * Each repetition times every contender over the same 4,096 vectors in
  * turn; medians over the repetitions, in ns a vector, and ratios.
  *

@@ -51,13 +51,17 @@ MKV_HIDDEN int seg_make_sum8(struct mkv_segment *k);
  * Growable segments (segment.c), for the update buffer of a decode segment.
  * Created empty with o->rotation (required) fixing the strategy; each
  * append compresses rows at once.  *cap is the caller-held row capacity
- * (start at 0).  Returns 0, -EINVAL, -MKV_ENONFINITE (nothing appended),
+ * (start at 0).  @lost (may be NULL) gains, for each appended row, the
+ * energy of the rotated groups its encoding does not keep (Σ of their
+ * squares, in group order, in double): with the rows' Σ‖x‖² and the
+ * dropped channels' energy, the relative loss of the segment's own
+ * encoding.  Returns 0, -EINVAL, -MKV_ENONFINITE (nothing appended),
  * -ENOSPC past MKV_MAX_N rows, -ENOMEM (nothing appended).
  */
 MKV_HIDDEN int seg_grow_create(const struct mkv_encode_opts *o,
 			       struct mkv_segment **out);
 MKV_HIDDEN int seg_grow_append(struct mkv_segment *s, size_t *cap,
-			       const float *x, size_t n);
+			       const float *x, size_t n, double *lost);
 /* Make room for @rows rows in total; then appends up to @rows cannot fail
  * but on non-finite input.  Returns 0, -ENOSPC, -ENOMEM. */
 MKV_HIDDEN int seg_grow_reserve(struct mkv_segment *s, size_t rows,
@@ -257,10 +261,7 @@ MKV_HIDDEN int mkv_cov_accumulate_f64(double *cov, const float *x, size_t n,
  * builds: for callers whose r, g and b are fixed.  Returns 0, -ENOMEM,
  * -MKV_ELAPACK. */
 MKV_HIDDEN int mkv_rotation_of(const float *x, size_t n, uint32_t d, float *R);
-/* A sequence's open-segment statistics: from now on @st keeps no
- * covariance (appends skip it; mkv_segstats_eigen refuses, -EINVAL), only
- * what mkv_segstats_loss and _choose read. */
-MKV_HIDDEN void segstats_no_covariance(struct mkv_segstats *st);
+
 /* RT (d × m) = the transpose of R (m × d), both row-major. */
 MKV_HIDDEN void mkv_transpose(const float *R, uint32_t m, uint32_t d, float *RT);
 /* y = R x for one vector x of d floats, R's m rows given transposed (RT,

@@ -1053,7 +1053,7 @@ int seg_grow_reserve(struct mkv_segment *s, size_t rows, size_t *cap)
 }
 
 int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
-		    size_t n)
+		    size_t n, double *lost)
 {
 	if (!s || !cap || !x || n == 0)
 		return -EINVAL;
@@ -1073,6 +1073,12 @@ int seg_grow_append(struct mkv_segment *s, size_t *cap, const float *x,
 		mkv_rotate_t(s->proj_t, v->d_keep, v->d, x + t * v->d, xr);
 		group_energy(xr, v->d_keep, v->g, e);
 		mkv_topk_mask(e, ng, kg, sel, tmp);
+		if (lost) {
+			double l = 0.0;
+			for (uint32_t j = 0; j < ng; j++)
+				l += sel[j] ? 0.0 : (double)e[j];
+			*lost += l;
+		}
 		memset(s->bitmaps + i * v->bitmap_bytes, 0, v->bitmap_bytes);
 		pack_vector(s, i, xr, sel, vals);
 		if (v->kind == MKV_KIND_KEY) {

@@ -43,7 +43,6 @@ struct mkv_segstats {
 	double *csum;     /* S: Σ x'_c */
 	double csq;       /* Σ Σ_c x'_c² over the S channels */
 	float *xbuf, *xr; /* TRACK_CHUNK × d scratch */
-	bool no_cov;      /* segstats_no_covariance: cov is not kept */
 };
 
 static const uint32_t g_of[N_G] = {1, 2, 4, 8};
@@ -228,7 +227,7 @@ int mkv_segstats_append(struct mkv_segstats *st, const void *x,
 	/* The covariance's scratch before anything is summed, so that no
 	 * chunk can fail half way (one row needs none). */
 	double *scratch = NULL;
-	if (!st->no_cov && n > 1) {
+	if (n > 1) {
 		scratch = malloc(sizeof(double) * (n < TRACK_CHUNK ? n : TRACK_CHUNK) * d);
 		if (!scratch)
 			return -ENOMEM;
@@ -236,18 +235,12 @@ int mkv_segstats_append(struct mkv_segstats *st, const void *x,
 	for (size_t i0 = 0; i0 < n; i0 += TRACK_CHUNK) {
 		size_t m = n - i0 < TRACK_CHUNK ? n - i0 : TRACK_CHUNK;
 		mkv_load_f32(st->xbuf, (const char *)x + i0 * d * es, dt, m * d);
-		if (!st->no_cov)
-			(void)mkv_cov_accumulate_f64(st->cov, st->xbuf, m, st->d, scratch);
+		(void)mkv_cov_accumulate_f64(st->cov, st->xbuf, m, st->d, scratch);
 		track(st, st->xbuf, m);
 		st->count += m;
 	}
 	free(scratch);
 	return 0;
-}
-
-void segstats_no_covariance(struct mkv_segstats *st)
-{
-	st->no_cov = true;
 }
 
 size_t mkv_segstats_count(const struct mkv_segstats *st)
@@ -279,7 +272,7 @@ int mkv_segstats_set_rotation(struct mkv_segstats *st, const float *R)
 
 int mkv_segstats_eigen(const struct mkv_segstats *st, float *R, double *eig)
 {
-	if (!st || !R || st->count == 0 || st->no_cov)
+	if (!st || !R || st->count == 0)
 		return -EINVAL;
 	return mkv_eigen_rows(st->cov, st->d, R, eig);
 }

@@ -42,7 +42,14 @@ struct lh {
 	uint32_t ostart;
 	struct strat open;          /* the open segment's strategy */
 	struct strat next;          /* strategy for the next open segment */
-	struct mkv_segstats *lk, *lv; /* loss of the open segment */
+	/* The open segment's loss under its own encoding (open_should_close):
+	 * its tokens' Σ‖x‖² (ek, ev) and the energy the encoding loses (lk,
+	 * lv): the groups each vector does not keep (seg_grow_append) and
+	 * the dropped channels, by the rotation's last d - d_keep rows
+	 * (dropk_t, dropv_t, transposed for mkv_rotate_t; NULL without a
+	 * drop). */
+	double ek, lk, ev, lv;
+	float *dropk_t, *dropv_t;
 	/* Raw float copies of tokens [raw_start, n). */
 	float *rawk, *rawv;
 	size_t raw_start, raw_cap;

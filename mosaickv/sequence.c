@@ -193,8 +193,8 @@ static void lh_free(struct lh *l)
 	mkv_segment_destroy(l->ov);
 	strat_free(&l->open);
 	strat_free(&l->next);
-	mkv_segstats_destroy(l->lk);
-	mkv_segstats_destroy(l->lv);
+	free(l->dropk_t);
+	free(l->dropv_t);
 	free(l->rawk);
 	free(l->rawv);
 	free(l->pred_id);
@@ -507,8 +507,9 @@ static int open_begin(struct mkv_seq *s, struct lh *l, uint32_t start)
 {
 	struct mkv_encode_opts eo;
 	struct mkv_segment *k = NULL, *v = NULL;
-	struct mkv_segstats *lk = NULL, *lv = NULL;
+	float *dk = NULL, *dv = NULL;
 	size_t kc = 0, vc = 0;
+	const uint32_t d = s->o.d, dkeep = s->d_keep;
 	encode_opts(s, &eo, MKV_KIND_KEY, l->next.Rk, l->next.rk, l->next.gk, l->next.b);
 	int rc = seg_grow_create(&eo, &k);
 	if (rc)
@@ -516,40 +517,75 @@ static int open_begin(struct mkv_seq *s, struct lh *l, uint32_t start)
 	encode_opts(s, &eo, MKV_KIND_VALUE, l->next.Rv, l->next.rv, l->next.gv, l->next.b);
 	if ((rc = seg_grow_create(&eo, &v)))
 		goto fail;
-	struct mkv_strategy_opts so;
-	mkv_strategy_opts_init(&so, sizeof so);
-	so.d = s->o.d;
-	so.drop = s->o.drop;
-	so.g_mask = (1u << l->next.gk) | (1u << l->next.gv);
-	if ((rc = mkv_segstats_create(&so, &lk)) || (rc = mkv_segstats_create(&so, &lv)) ||
-	    (rc = mkv_segstats_set_rotation(lk, l->next.Rk)) ||
-	    (rc = mkv_segstats_set_rotation(lv, l->next.Rv)))
-		goto fail;
-	/* Only the loss is read (open_should_close): the workers choose the
-	 * final strategy from the raw vectors, so a covariance here would
-	 * be summed on every token for nothing. */
-	segstats_no_covariance(lk);
-	segstats_no_covariance(lv);
+	if (dkeep < d) {
+		rc = -ENOMEM;
+		dk = malloc(sizeof(float) * (d - dkeep) * d);
+		dv = malloc(sizeof(float) * (d - dkeep) * d);
+		if (!dk || !dv)
+			goto fail;
+		mkv_transpose(l->next.Rk + (size_t)dkeep * d, d - dkeep, d, dk);
+		mkv_transpose(l->next.Rv + (size_t)dkeep * d, d - dkeep, d, dv);
+	}
 	if ((rc = strat_copy(&l->open, &l->next, s->o.d)))
 		goto fail;
 	mkv_segment_destroy(l->ok);
 	mkv_segment_destroy(l->ov);
-	mkv_segstats_destroy(l->lk);
-	mkv_segstats_destroy(l->lv);
+	free(l->dropk_t);
+	free(l->dropv_t);
 	l->ok = k;
 	l->ov = v;
 	l->okcap = kc;
 	l->ovcap = vc;
-	l->lk = lk;
-	l->lv = lv;
+	l->dropk_t = dk;
+	l->dropv_t = dv;
+	l->ek = l->lk = l->ev = l->lv = 0.0;
 	l->ostart = start;
 	return 0;
 fail:
 	mkv_segment_destroy(k);
 	mkv_segment_destroy(v);
-	mkv_segstats_destroy(lk);
-	mkv_segstats_destroy(lv);
+	free(dk);
+	free(dv);
 	return rc;
+}
+
+/* The open segment takes @n rows of K and V (validated, room reserved):
+ * packed into its buffers, and their energy and what the encoding loses
+ * added to its loss. */
+static int open_append(struct mkv_seq *s, struct lh *l, const float *k, const float *v,
+		       size_t n)
+{
+	const uint32_t d = s->o.d, dkeep = s->d_keep;
+	int rc = seg_grow_append(l->ok, &l->okcap, k, n, &l->lk);
+	if (rc == 0)
+		rc = seg_grow_append(l->ov, &l->ovcap, v, n, &l->lv);
+	if (rc)
+		return rc;
+	float xr[MKV_MAX_D];
+	for (size_t t = 0; t < n; t++) {
+		const float *kt = k + t * d, *vt = v + t * d;
+		double ek = 0.0, ev = 0.0;
+		for (uint32_t c = 0; c < d; c++) {
+			ek += (double)kt[c] * kt[c];
+			ev += (double)vt[c] * vt[c];
+		}
+		l->ek += ek;
+		l->ev += ev;
+		if (dkeep == d)
+			continue;
+		/* the dropped channels' energy summed directly, not as the
+		 * difference to the kept ones (which would cancel) */
+		double lk = 0.0, lv = 0.0;
+		mkv_rotate_t(l->dropk_t, d - dkeep, d, kt, xr);
+		for (uint32_t c = 0; c < d - dkeep; c++)
+			lk += (double)xr[c] * xr[c];
+		mkv_rotate_t(l->dropv_t, d - dkeep, d, vt, xr);
+		for (uint32_t c = 0; c < d - dkeep; c++)
+			lv += (double)xr[c] * xr[c];
+		l->lk += lk;
+		l->lv += lv;
+	}
+	return 0;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -904,13 +940,7 @@ static int prefill_tail(struct mkv_seq *s, struct lh *l, const float *kt,
 	if (rc == 0 && covered < n) {
 		const float *kr = kt + (covered - ta) * d, *vr = vt + (covered - ta) * d;
 		size_t m = n - covered;
-		rc = seg_grow_append(l->ok, &l->okcap, kr, m);
-		if (rc == 0)
-			rc = seg_grow_append(l->ov, &l->ovcap, vr, m);
-		if (rc == 0)
-			rc = mkv_segstats_append(l->lk, kr, MKV_DTYPE_F32, m);
-		if (rc == 0)
-			rc = mkv_segstats_append(l->lv, vr, MKV_DTYPE_F32, m);
+		rc = open_append(s, l, kr, vr, m);
 	}
 	return rc;
 }
@@ -1088,10 +1118,9 @@ static bool open_should_close(const struct mkv_seq *s, const struct lh *l)
 		return true;
 	if (n < s->o.min_segment)
 		return false;
-	double lk, lv;
-	if (mkv_segstats_loss(l->lk, l->open.rk, l->open.gk, &lk) ||
-	    mkv_segstats_loss(l->lv, l->open.rv, l->open.gv, &lv))
-		return false;
+	/* the relative loss ‖X − X̂‖_F / ‖X‖_F of the buffers' own encoding */
+	double lk = l->ek > 0.0 ? sqrt(l->lk / l->ek) : 0.0;
+	double lv = l->ev > 0.0 ? sqrt(l->lv / l->ev) : 0.0;
 	return lk > s->o.loss_threshold || lv > s->o.loss_threshold;
 }
 
@@ -1116,16 +1145,11 @@ static int append_one(struct mkv_seq *s, uint32_t layer, const float *k,
 	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
 		struct lh *l = lh_of(s, layer, h);
 		const float *kh = k + h * d, *vh = v + h * d;
-		(void)seg_grow_append(l->ok, &l->okcap, kh, 1);
-		(void)seg_grow_append(l->ov, &l->ovcap, vh, 1);
+		(void)open_append(s, l, kh, vh, 1);
 		size_t off = (l->n - l->raw_start) * d;
 		memcpy(l->rawk + off, kh, sizeof(float) * d);
 		memcpy(l->rawv + off, vh, sizeof(float) * d);
 		l->n++;
-		/* Statistics are advisory: a failure here only delays the
-		 * close to max_segment. */
-		(void)mkv_segstats_append(l->lk, kh, MKV_DTYPE_F32, 1);
-		(void)mkv_segstats_append(l->lv, vh, MKV_DTYPE_F32, 1);
 		raw_release(s, l, lh_first_unfinal(l));
 	}
 	/* Closing is after the token is in every head; a failed close leaves

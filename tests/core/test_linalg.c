@@ -11,10 +11,7 @@
  *  - mkv_cov_accumulate_f64 adds a single row with the bits of BLAS's
  *    SYRK over that row, fills the upper triangle only, and its chunked
  *    path with and without caller scratch agree;
- *  - mkv_rotation_of gives mkv_strategy_choose's rotation, bit for bit;
- *  - a segstats without covariance (a sequence's open segment) gives the
- *    same losses, bit for bit, as one with, and refuses an eigen-
- *    decomposition.
+ *  - mkv_rotation_of gives mkv_strategy_choose's rotation, bit for bit.
  */
 #include <cblas.h>
 #include <criterion/criterion.h>
@@ -236,58 +233,6 @@ Test(linalg, cov_one_row_is_syrk_upper_only)
 	free(c);
 	free(e);
 	free(x);
-}
-
-Test(linalg, segstats_without_covariance_same_losses)
-{
-	uint64_t seed = seed_of();
-	struct rng r = {seed};
-	const uint32_t d = 128, n = 700;
-	struct mkv_strategy_opts so;
-	cr_assert_eq(mkv_strategy_opts_init(&so, sizeof so), 0);
-	so.d = d;
-	so.drop = (uint32_t)(next(&r) % 2);
-	uint32_t dk = so.drop ? d - d / 4 : d;
-	float *x = malloc(sizeof(float) * n * d), *R = malloc(sizeof(float) * d * d);
-	for (uint32_t i = 0; i < n * d; i++)
-		x[i] = (float)(normal(&r) * (1 + (i % d < 8 ? 6 : 0)));
-	struct mkv_segstats *a, *b;
-	cr_assert_eq(mkv_segstats_create(&so, &a), 0);
-	cr_assert_eq(mkv_segstats_create(&so, &b), 0);
-	cr_assert_eq(mkv_segstats_append(a, x, MKV_DTYPE_F32, 200), 0);
-	cr_assert_eq(mkv_segstats_eigen(a, R, NULL), 0);
-	cr_assert_eq(mkv_segstats_set_rotation(a, R), 0);
-	cr_assert_eq(mkv_segstats_set_rotation(b, R), 0);
-	segstats_no_covariance(b);
-	/* a token at a time and in chunks, as a sequence appends */
-	for (uint32_t t = 0; t < n;) {
-		uint32_t m = t < 300 ? 1 : 1 + (uint32_t)(next(&r) % 90);
-		if (m > n - t)
-			m = n - t;
-		cr_assert_eq(mkv_segstats_append(a, x + (size_t)t * d, MKV_DTYPE_F32, m), 0);
-		cr_assert_eq(mkv_segstats_append(b, x + (size_t)t * d, MKV_DTYPE_F32, m), 0);
-		t += m;
-	}
-	for (uint32_t g = 1; g <= 8; g *= 2)
-		for (uint32_t rr = g; rr <= dk; rr += g) {
-			double la, lb;
-			cr_assert_eq(mkv_segstats_loss(a, rr, g, &la), 0);
-			cr_assert_eq(mkv_segstats_loss(b, rr, g, &lb), 0);
-			cr_assert(memcmp(&la, &lb, 8) == 0, "seed %llu r %u g %u: %.17g and %.17g",
-				  (unsigned long long)seed, rr, g, la, lb);
-		}
-	struct mkv_strategy sa, sb;
-	cr_assert_eq(mkv_segstats_choose(a, &sa), 0);
-	cr_assert_eq(mkv_segstats_choose(b, &sb), 0);
-	cr_assert(sa.r == sb.r && sa.g == sb.g && sa.b == sb.b && sa.loss == sb.loss &&
-		  sa.block_var == sb.block_var);
-	cr_assert_eq(mkv_segstats_count(b), n);
-	cr_assert_eq(mkv_segstats_eigen(b, R, NULL), -EINVAL);
-	cr_assert_eq(mkv_segstats_eigen(a, R, NULL), 0);
-	mkv_segstats_destroy(a);
-	mkv_segstats_destroy(b);
-	free(x);
-	free(R);
 }
 
 Test(linalg, rotation_of_is_strategy_choose_rotation)

@@ -1164,6 +1164,90 @@ Test(sequence, failed_job_keeps_temporary_segment, .timeout = 120)
 }
 
 /* ---------------------------------------------------------------------- */
+/* The open segment's loss, which closes it, is its own encoding's: the
+ * energy of the rotated groups its rows do not keep (read from their
+ * bitmaps) and of the dropped channels, over its tokens' energy, computed
+ * here in double. */
+
+static double open_loss_ref(struct lh *l, const struct mkv_segment *sg, const float *Rfull,
+			    struct truth *t, uint32_t layer, uint32_t h, int key, uint32_t d,
+			    uint32_t dkeep)
+{
+	const struct mkv_packed_view *v = &sg->v;
+	double lost = 0.0, energy = 0.0;
+	for (uint32_t i = l->ostart; i < l->n; i++) {
+		const float *x = key ? tk(t, layer, h, i) : tv(t, layer, h, i);
+		const uint8_t *bm = v->bitmaps + (size_t)(i - l->ostart) * v->bitmap_bytes;
+		for (uint32_t c = 0; c < d; c++)
+			energy += (double)x[c] * x[c];
+		for (uint32_t c = 0; c < d; c++) {
+			double y = 0.0;
+			const float *row = c < dkeep ? sg->proj_f32 + (size_t)c * d : Rfull + (size_t)c * d;
+			for (uint32_t a = 0; a < d; a++)
+				y += (double)row[a] * x[a];
+			uint32_t j = c / v->g;
+			if (c >= dkeep || !(bm[j >> 3] >> (j & 7) & 1))
+				lost += y * y;
+		}
+	}
+	return energy > 0 ? sqrt(lost / energy) : 0.0;
+}
+
+Test(sequence, open_loss_is_its_encodings_loss, .timeout = 120)
+{
+	for (int drop = 0; drop < 2; drop++) {
+		const uint32_t L = 1, H = 2, G = 1, d = 64, n0 = 300, steps = 150;
+		uint64_t seed = fresh_seed(), rng = seed;
+		struct mkv_store *st = host_store((size_t)32 << 20);
+		struct mkv_seq_opts o;
+		exact_opts(&o, L, H, G, d);
+		o.drop = (uint32_t)drop;
+		o.r = 16;
+		o.g = drop ? 2 : 1;
+		o.store_dtype = MKV_DTYPE_BF16;
+		o.value_bits = 6;
+		o.min_segment = 65536; /* nothing closes: one open segment */
+		o.max_segment = 65536;
+		struct truth t;
+		truth_init(&t, L, H, G, d, n0 + steps);
+		fill_random(&t, 0, n0 + steps, &rng);
+		struct mkv_seq *s;
+		cr_assert_eq(mkv_seq_open(st, &o, 5, &s), 0);
+		prefill_all(s, &t, n0);
+		float *k = malloc(sizeof(float) * H * d), *v = malloc(sizeof(float) * H * d);
+		for (uint32_t i = n0; i < n0 + steps; i++) {
+			for (uint32_t h = 0; h < H; h++) {
+				memcpy(k + h * d, tk(&t, 0, h, i), sizeof(float) * d);
+				memcpy(v + h * d, tv(&t, 0, h, i), sizeof(float) * d);
+			}
+			cr_assert_eq(mkv_seq_append(&s, 1, 0, k, v, MKV_DTYPE_F32), 0);
+			t.n++;
+		}
+		uint32_t dkeep = drop ? d - d / 4 : d;
+		for (uint32_t h = 0; h < H; h++) {
+			struct lh *l = seq_lh(s, 0, h);
+			cr_assert(l->n - l->ostart >= steps, "the open segment holds %u tokens",
+				  l->n - l->ostart);
+			cr_assert_eq(l->ok->v.n, l->n - l->ostart);
+			double lk = sqrt(l->lk / l->ek), lv = sqrt(l->lv / l->ev);
+			double rk = open_loss_ref(l, l->ok, l->open.Rk, &t, 0, h, 1, d, dkeep);
+			double rv = open_loss_ref(l, l->ov, l->open.Rv, &t, 0, h, 0, d, dkeep);
+			cr_assert(rk > 0.05 && rv > 0.05, "r = 16 of 64 loses little: %g %g", rk, rv);
+			cr_assert(fabs(lk - rk) <= 1e-5 * rk && fabs(lv - rv) <= 1e-5 * rv,
+				  "seed %llu drop %d head %u: loss K %.9g (reference %.9g), V %.9g "
+				  "(reference %.9g)",
+				  (unsigned long long)seed, drop, h, lk, rk, lv, rv);
+		}
+		free(k);
+		free(v);
+		mkv_seq_close(s);
+		mkv_store_destroy(st);
+		free(t.k);
+		free(t.v);
+	}
+}
+
+/* ---------------------------------------------------------------------- */
 /* Back-pressure bounds the lag. */
 
 Test(sequence, backpressure_bounds_lag, .timeout = 120)
