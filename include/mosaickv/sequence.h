@@ -17,7 +17,9 @@
  * each encoded at once with a strategy of its own; the remainder is a
  * segment of its own from opts.min_segment tokens up, else the last
  * segment's tail, and the open segment starts empty.  A decode segment
- * grows until the loss of its temporary compression passes
+ * grows until the loss of its temporary compression (‖X − X̂‖_F / ‖X‖_F
+ * of the channels its rows do not keep, dropped ones included, measured
+ * on its own encoding as each token is packed) passes
  * opts.loss_threshold (after opts.min_segment tokens) or it reaches
  * opts.max_segment tokens; it then
  * closes and its raw copy goes to the store's worker threads, which choose
