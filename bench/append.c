@@ -17,8 +17,9 @@
  *                          mkv_cov_accumulate_f64's rank-1 update (checked
  *                          bit-equal on the upper triangle);
  *   sort_quick / sort_radix  sorting the vector's 128 channel energies: the
- *                          quicksort with an insertion finish against
- *                          mkv_sort_desc (checked equal).
+ *                          quicksort with an insertion finish it used
+ *                          (mkv_sort_desc_quick) against mkv_sort_desc
+ *                          (checked equal).
  * A sequence's append itself no longer runs the statistics: its open
  * segment's loss comes from the buffer's own encoding (seg_grow_append).
  * Each repetition times every contender over the same 4,096 vectors in
@@ -113,40 +114,6 @@ static int cov_syrk(double *cov, const float *x, uint32_t d)
 	return 0;
 }
 
-/* The quicksort mkv_sort_desc was: integer compares on the bits, the
- * smaller side recursed, insertion under 24 elements. */
-static void sort_quick(uint32_t *a, uint32_t n)
-{
-	while (n > 24) {
-		uint32_t p = a[n / 2], i = 0, j = n - 1;
-		for (;;) {
-			while (a[i] > p)
-				i++;
-			while (a[j] < p)
-				j--;
-			if (i >= j)
-				break;
-			uint32_t t = a[i];
-			a[i++] = a[j];
-			a[j--] = t;
-		}
-		uint32_t left = j + 1;
-		if (left < n - left) {
-			sort_quick(a, left);
-			a += left;
-			n -= left;
-		} else {
-			sort_quick(a + left, n - left);
-			n = left;
-		}
-	}
-	for (uint32_t i = 1; i < n; i++) {
-		uint32_t x = a[i], j = i;
-		for (; j > 0 && a[j - 1] < x; j--)
-			a[j] = a[j - 1];
-		a[j] = x;
-	}
-}
 #endif
 
 int main(int argc, char **argv)
@@ -232,7 +199,7 @@ int main(int argc, char **argv)
 		memcpy(E2, E, sizeof(float) * NV * D);
 		double t5 = now();
 		for (uint32_t i = 0; i < NV; i++)
-			sort_quick((uint32_t *)(void *)(E2 + (size_t)i * D), D);
+			mkv_sort_desc_quick(E2 + (size_t)i * D, D);
 		double t6 = now();
 		memcpy(Y, E, sizeof(float) * NV * D);
 		double t7 = now();

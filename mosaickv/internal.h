@@ -242,6 +242,10 @@ MKV_HIDDEN void mkv_topk_mask(const float *e, uint32_t m, uint32_t k,
 
 /* Sort @n non-negative finite floats descending, in place. */
 MKV_HIDDEN void mkv_sort_desc(float *v, uint32_t n);
+/* The same by quicksort with an insertion finish: what mkv_sort_desc does
+ * outside 25..256 elements (and did for every length before its radix
+ * passes; bench/append times the two). */
+MKV_HIDDEN void mkv_sort_desc_quick(float *v, uint32_t n);
 
 /* Covariance XᵀX of n float rows of dimension d, added to @cov (d × d,
  * double, full symmetric).  Returns 0 or -ENOMEM (cov untouched). */

@@ -229,8 +229,8 @@ void mkv_topk_mask(const float *e, uint32_t m, uint32_t k, uint8_t *sel,
  * passes on the top 16 bits (exponent and 7 mantissa bits) and an
  * insertion pass for what those leave tied, which is little and local:
  * no data-dependent branch per comparison, ~3.5x faster than the
- * quicksort on 128 energies.  Insertion sort under 24 elements; quicksort
- * above 256 (no caller sorts that many). */
+ * quicksort on 128 energies.  Otherwise (under 24 elements or over 256,
+ * which no caller sorts) mkv_sort_desc_quick. */
 static void sort_quick(uint32_t *a, uint32_t n)
 {
 	while (n > 24) {
@@ -294,9 +294,16 @@ void mkv_sort_desc(float *v, uint32_t n)
 			tmp[lo[(a[i] >> 16) & 255]++] = a[i];
 		for (uint32_t i = 0; i < n; i++)
 			a[hi[tmp[i] >> 24]++] = tmp[i];
-	} else if (n > 256) {
-		sort_quick(a, n);
+		sort_insertion(a, n);
+	} else {
+		mkv_sort_desc_quick(v, n);
 	}
+}
+
+void mkv_sort_desc_quick(float *v, uint32_t n)
+{
+	uint32_t *a = (uint32_t *)(void *)v;
+	sort_quick(a, n);
 	sort_insertion(a, n);
 }
 

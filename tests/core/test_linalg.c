@@ -2,8 +2,9 @@
 /*
  * The compression core's small kernels on the append path, against
  * independent references:
- *  - mkv_sort_desc sorts like qsort with a float comparator, whatever the
- *    length, ties, zeros or order of the input;
+ *  - mkv_sort_desc (and mkv_sort_desc_quick) sorts like qsort with a
+ *    float comparator, whatever the length, ties, zeros or order of the
+ *    input;
  *  - mkv_rotate_t gives, bit for bit, the plain channel-ordered float sum
  *    of each output, whatever the number of rows asked for, in its AVX2
  *    and its SSE2 build, and stays within float rounding of a double
@@ -100,7 +101,7 @@ Test(linalg, sort_desc_matches_qsort)
 	uint64_t seed = seed_of();
 	struct rng r = {seed};
 	const uint32_t sizes[] = {1, 2, 3, 23, 24, 25, 31, 96, 127, 128, 200, 255, 256, 257, 300, 1000};
-	float v[1000], ref[1000];
+	float v[1000], ref[1000], w[1000];
 	for (int kind = 0; kind < 6; kind++)
 		for (size_t si = 0; si < sizeof(sizes) / sizeof(*sizes); si++)
 			for (int rep = 0; rep < 20; rep++) {
@@ -110,9 +111,14 @@ Test(linalg, sort_desc_matches_qsort)
 				draw(&r, v, n, kind);
 				memcpy(ref, v, sizeof(float) * n);
 				qsort(ref, n, sizeof(float), cmp_desc);
+				memcpy(w, v, sizeof(float) * n);
 				mkv_sort_desc(v, n);
 				cr_assert(memcmp(v, ref, sizeof(float) * n) == 0,
 					  "seed %llu kind %d n %u: differs from qsort",
+					  (unsigned long long)seed, kind, n);
+				mkv_sort_desc_quick(w, n);
+				cr_assert(memcmp(w, ref, sizeof(float) * n) == 0,
+					  "seed %llu kind %d n %u: the quicksort differs from qsort",
 					  (unsigned long long)seed, kind, n);
 			}
 }
