@@ -111,12 +111,6 @@ struct mkv_store {
 	int auto_balance;
 
 	pthread_mutex_t lock;
-	/* Held by a running balance (outside s->lock): a second balance,
-	 * queued by a put that one's moves made (or asked for), plans only
-	 * after the first's moves are done.  Planned beside them, it took
-	 * their segments as pinned where they were and could leave a colder
-	 * segment above a hotter one. */
-	pthread_mutex_t balance_mu;
 	pthread_cond_t cond;   /* readers drop to 0, jobs finish */
 	pthread_cond_t q_cond; /* work for the workers */
 	struct seg **buckets;
@@ -861,9 +855,7 @@ static void *worker_main(void *arg)
 			rc = do_move(s, &w->io, j->seg, j->dst, false);
 			break;
 		case JOB_BALANCE:
-			pthread_mutex_lock(&s->balance_mu);
 			rc = run_balance(s, &w->io);
-			pthread_mutex_unlock(&s->balance_mu);
 			break;
 		case JOB_PREFETCH:
 			rc = run_prefetch(s, &w->io, j);
@@ -1233,7 +1225,6 @@ static void store_free(struct mkv_store *s)
 	for (int t = 0; t < MKV_TIER_COUNT; t++)
 		tier_destroy(s->tiers[t]);
 	pthread_mutex_destroy(&s->lock);
-	pthread_mutex_destroy(&s->balance_mu);
 	pthread_cond_destroy(&s->cond);
 	pthread_cond_destroy(&s->q_cond);
 	free(s);
@@ -1306,7 +1297,6 @@ int store_create_with_tiers(const struct mkv_store_opts *o,
 	}
 	memcpy(s->tiers, tiers, sizeof s->tiers);
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_mutex_init(&s->balance_mu, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	pthread_cond_init(&s->q_cond, NULL);
 	s->gpu = tiers[MKV_TIER_HBM]->device ? o->gpu : -1;
