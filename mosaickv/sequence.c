@@ -1162,6 +1162,44 @@ static int append_one(struct mkv_seq *s, uint32_t layer, const float *k,
 	return 0;
 }
 
+/*
+ * Early close: from half of lag_cap held by open segments, the largest open
+ * segment of at least min_segment tokens is closed and queued to the
+ * workers, one per call.  A low-loss strategy (the fixed default r keeps
+ * ~0.1 of relative loss against a 0.3 threshold) never closes a segment on
+ * loss, and without this the raw copies would grow until the hard cap
+ * below finalizes them synchronously on the decode thread, a stall of one
+ * whole finalization per step.  With it the cap is reached only when the
+ * workers fall behind.  Nothing is queued past half the cap of pending
+ * segments: then the open ones grow instead, into fewer and longer jobs.
+ */
+static void close_early(struct mkv_seq *s)
+{
+	uint64_t open = 0;
+	struct lh *big = NULL;
+	uint32_t bl = 0, bhd = 0;
+	for (uint32_t layer = 0; layer < s->o.layers; layer++)
+		for (uint32_t h = 0; h < s->o.kv_heads; h++) {
+			struct lh *l = lh_of(s, layer, h);
+			if (!l->ok)
+				continue;
+			uint32_t n = l->ok->v.n;
+			open += n;
+			if (n >= s->o.min_segment && (!big || n > big->ok->v.n)) {
+				big = l;
+				bl = layer;
+				bhd = h;
+			}
+		}
+	if (!big)
+		return;
+	lag_update(s);
+	uint64_t row = raw_row_bytes(s), half = s->o.lag_cap / 2;
+	uint64_t pending = s->st.lag_bytes - open * row;
+	if (open * row > half && pending + (uint64_t)big->ok->v.n * row <= half)
+		(void)close_open(s, big, bl, bhd, false); /* a failure is retried */
+}
+
 /* Back-pressure: finalize the oldest pending segments on this thread while
  * the raw copies exceed the cap. */
 static void backpressure(struct mkv_seq *s)
@@ -1246,8 +1284,10 @@ int mkv_seq_append(struct mkv_seq *const *seqs, size_t n, uint32_t layer,
 		rc = append_one(s, layer, kf + i * row, vf + i * row);
 		if (rc == 0 && layer == 0)
 			s->st.tokens++;
-		if (rc == 0)
+		if (rc == 0) {
+			close_early(s);
 			backpressure(s);
+		}
 	}
 out:
 	free(kf);

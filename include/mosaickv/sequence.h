@@ -31,10 +31,15 @@
  * strategy becomes the default of the next decode segment.
  *
  * Back-pressure: the raw copies of tokens not yet finalized ("lag") are
- * bounded by opts.lag_cap bytes per sequence.  When an append would pass
- * it, the oldest pending segments are finalized synchronously on the
- * caller's thread (and, if none is pending, the open segment is closed and
- * finalized), so memory stays bounded while decode keeps going.
+ * bounded by opts.lag_cap bytes per sequence.  Once the open segments
+ * hold half of it, each append closes the largest open segment of at
+ * least opts.min_segment tokens and queues it to the workers, whatever its
+ * loss (a fixed strategy's loss may never pass the threshold), so the
+ * finalization stays off the caller's thread.  When an append would pass
+ * the cap itself (workers paused or behind), the oldest pending segments
+ * are finalized synchronously on the caller's thread (and, if none is
+ * pending, the open segment is closed and finalized), so memory stays
+ * bounded while decode keeps going.
  *
  * A failed finalization (the store refused the segment, out of memory)
  * loses nothing: the temporary segment stays in service, the failure is
@@ -109,7 +114,9 @@ struct mkv_seq_opts {
 	double var_threshold;    /* block-variance target.  Default 0.5 */
 	enum mkv_dtype store_dtype; /* MKV_DTYPE_BF16 (default) or F32 */
 	size_t lag_cap;          /* bytes of raw K/V awaiting finalization per
-	                          * sequence, >= 1 MiB.  Default 256 MiB */
+	                          * sequence, >= 1 MiB; open segments are
+	                          * closed early from half of it (above).
+	                          * Default 256 MiB */
 	size_t staging_bytes;    /* fetch staging per sequence.  Default 64 MiB */
 	uint32_t device_attend;  /* 1 (default): keep device copies and attend
 	                          * on the GPU where possible (see the top of

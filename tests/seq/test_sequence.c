@@ -1250,6 +1250,24 @@ Test(sequence, open_loss_is_its_encodings_loss, .timeout = 120)
 /* ---------------------------------------------------------------------- */
 /* Back-pressure bounds the lag. */
 
+/* Token @i of every layer of @t appended to @s (@k, @v: scratch of
+ * kv_heads x d floats); t->n counts it.  @after, if set, runs after each
+ * layer's append. */
+static void append_token(struct mkv_seq *s, struct truth *t, uint32_t i, float *k,
+			 float *v, void (*after)(struct mkv_seq *))
+{
+	for (uint32_t l = 0; l < t->L; l++) {
+		for (uint32_t h = 0; h < t->H; h++) {
+			memcpy(k + h * t->d, tk(t, l, h, i), sizeof(float) * t->d);
+			memcpy(v + h * t->d, tv(t, l, h, i), sizeof(float) * t->d);
+		}
+		cr_assert_eq(mkv_seq_append(&s, 1, l, k, v, MKV_DTYPE_F32), 0);
+		if (after)
+			after(s);
+	}
+	t->n++;
+}
+
 Test(sequence, backpressure_bounds_lag, .timeout = 120)
 {
 	const uint32_t L = 2, H = 4, G = 1, d = 128, n0 = 128, steps = 700;
@@ -1270,19 +1288,72 @@ Test(sequence, backpressure_bounds_lag, .timeout = 120)
 	float *k = malloc(sizeof(float) * H * d), *v = malloc(sizeof(float) * H * d);
 	struct mkv_seq_stats ss = {.size = sizeof ss};
 	for (uint32_t i = n0; i < n0 + steps; i++) {
-		for (uint32_t l = 0; l < L; l++) {
-			for (uint32_t h = 0; h < H; h++) {
-				memcpy(k + h * d, tk(&t, l, h, i), sizeof(float) * d);
-				memcpy(v + h * d, tv(&t, l, h, i), sizeof(float) * d);
-			}
-			cr_assert_eq(mkv_seq_append(&s, 1, l, k, v, MKV_DTYPE_F32), 0);
-		}
-		t.n++;
+		append_token(s, &t, i, k, v, NULL);
 		cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
 		cr_assert(ss.lag_bytes <= o.lag_cap, "lag %llu bytes > cap",
 			  (unsigned long long)ss.lag_bytes);
 	}
 	cr_assert(ss.sync_finalized > 0, "the cap never forced a synchronous finalization");
+	for (uint32_t l = 0; l < L; l++) {
+		double e = attend_error(s, &t, l, &rng);
+		cr_assert(e < 1e-5, "seed %llu: error %.3g", (unsigned long long)seed, e);
+	}
+	free(k);
+	free(v);
+	mkv_seq_close(s);
+	mkv_store_destroy(st);
+	free(t.k);
+	free(t.v);
+}
+
+/* Open segments that never pass the loss threshold (r = d loses nothing)
+ * are closed early and queued to the workers once they hold half of
+ * lag_cap.  With the workers keeping up (a sync after every token), the
+ * open segments hold at most half the cap plus the one layer's rows just
+ * appended, nothing is finalized on the caller's thread, and segments are
+ * swapped in. */
+static void open_within_half_cap(struct mkv_seq *s)
+{
+	uint64_t open = 0;
+	for (uint32_t l = 0; l < s->o.layers; l++)
+		for (uint32_t h = 0; h < s->o.kv_heads; h++)
+			open += seq_lh(s, l, h)->ok->v.n;
+	uint64_t row = 2 * sizeof(float) * s->o.d;
+	cr_assert(open * row <= s->o.lag_cap / 2 + s->o.kv_heads * row,
+		  "open segments hold %llu tokens (%llu bytes), half the cap is %zu",
+		  (unsigned long long)open, (unsigned long long)(open * row),
+		  s->o.lag_cap / 2);
+}
+
+Test(sequence, early_close_keeps_finalization_off_the_caller, .timeout = 120)
+{
+	const uint32_t L = 2, H = 4, G = 1, d = 128, n0 = 128, run = 700;
+	uint64_t seed = fresh_seed(), rng = seed;
+	struct mkv_store *st = host_store((size_t)64 << 20);
+	struct mkv_seq_opts o;
+	exact_opts(&o, L, H, G, d);
+	o.max_segment = 65536;
+	o.min_segment = 32;
+	o.lag_cap = (size_t)1 << 20;
+	struct truth t;
+	truth_init(&t, L, H, G, d, n0 + run);
+	fill_random(&t, 0, n0 + run, &rng);
+	struct mkv_seq *s;
+	cr_assert_eq(mkv_seq_open(st, &o, 3, &s), 0);
+	prefill_all(s, &t, n0);
+	float *k = malloc(sizeof(float) * H * d), *v = malloc(sizeof(float) * H * d);
+	struct mkv_seq_stats ss = {.size = sizeof ss};
+	for (uint32_t i = n0; i < n0 + run; i++) {
+		append_token(s, &t, i, k, v, open_within_half_cap);
+		mkv_seq_sync(s);
+	}
+	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(ss.sync_finalized, 0, "%llu finalized on the caller's thread",
+		     (unsigned long long)ss.sync_finalized);
+	/* 700 tokens x 8 heads in segments of ~128 tokens at most (half the
+	 * cap is 512 tokens open, 64 a head on average) */
+	cr_assert(ss.swaps >= (uint64_t)run * L * H / 256, "only %llu swaps",
+		  (unsigned long long)ss.swaps);
 	for (uint32_t l = 0; l < L; l++) {
 		double e = attend_error(s, &t, l, &rng);
 		cr_assert(e < 1e-5, "seed %llu: error %.3g", (unsigned long long)seed, e);
