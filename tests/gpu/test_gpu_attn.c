@@ -146,8 +146,45 @@ static void upload_heads(struct run *r, struct gu_ctx *c)
 	r->dheads = gu_upload(hh, sizeof(struct gpu_head) * r->H);
 }
 
+/* Whether the CPU's selection for one head has a block outside it whose
+ * score is within rounding of the cut-off (1e-5 of |cut| + the mean |score|,
+ * as sets_near_cut): the GPU's scores may then put the other block in, and
+ * the outputs differ by that block, not by the kernel's error. */
+static bool cut_near_tie(const struct mkv_attn_opts *ao, const float *qh,
+			 const struct gu_ctx *c, uint32_t nseg)
+{
+	uint32_t nb = c->n_blocks;
+	float *cs = malloc(sizeof(float) * nb);
+	struct mkv_block_ref *sel = malloc(sizeof(*sel) * nb);
+	uint8_t *in = calloc(nb, 1);
+	cr_assert(cs && sel && in);
+	for (uint32_t s = 0; s < nseg; s++)
+		cr_assert_eq(mkv_score_blocks(ao, qh, c->ks[s], cs + c->segs[s].block0), 0);
+	int64_t ns = mkv_select_blocks(ao, qh, (const struct mkv_segment *const *)c->ks, nseg,
+				       sel, nb);
+	cr_assert(ns >= 1);
+	for (int64_t i = 0; i < ns; i++)
+		in[c->segs[sel[i].seg].block0 + sel[i].block] = 1;
+	double mean = 0;
+	float cut = INFINITY;
+	for (uint32_t j = 0; j < nb; j++)
+		mean += fabs(cs[j]) / nb;
+	for (uint32_t j = 1; j < nb; j++)
+		if (in[j] && cs[j] < cut)
+			cut = cs[j];
+	bool tie = false;
+	for (uint32_t j = 1; j < nb && !tie; j++)
+		tie = !in[j] && fabsf(cs[j] - cut) <= 1e-5 * (fabs(cut) + mean);
+	free(cs);
+	free(sel);
+	free(in);
+	return tie;
+}
+
 /* PackedAttention at one configuration against mkv_attend_packed: r
- * values per vector (0: d / 4), rows quantized to vb bits (0: bf16). */
+ * values per vector (0: d / 4), rows quantized to vb bits (0: bf16).  A
+ * head whose selection is a near tie at the cut-off (cut_near_tie) is not
+ * compared; at most one of the three may be. */
 static void check_packed_rq(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, uint32_t b,
 			    double frac, uint32_t win, uint32_t rr, uint32_t vb)
 {
@@ -170,6 +207,7 @@ static void check_packed_rq(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, 
 	run_fetch(&r);
 	struct mkv_attn_opts ao;
 	attn_opts(&ao, d, nq, frac);
+	uint32_t ties = 0;
 	for (uint32_t h = 0; h < H; h++) {
 		float *ref = malloc(sizeof(float) * nq * d);
 		struct mkv_dense_kv w = {c[h].k + c[h].n_hist * d, c[h].v + c[h].n_hist * d,
@@ -179,12 +217,21 @@ static void check_packed_rq(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, 
 				       (const struct mkv_segment *const *)c[h].vs, nseg, &w, ref, NULL);
 		cr_assert_eq(rc, 0);
 		double e = gu_rel_err(r.out + (size_t)h * nq * d, ref, (size_t)nq * d);
+		if (e >= 2e-3 && cut_near_tie(&ao, r.q + (size_t)h * nq * d, &c[h], nseg)) {
+			cr_log_warn("seed %llu head %u: rel err %g, a near tie at the cut-off",
+				    (unsigned long long)seed, h, e);
+			ties++;
+			free(ref);
+			continue;
+		}
 		cr_assert(e < 2e-3,
 			  "seed %llu d=%u nq=%u g=%u drop=%u b=%u frac=%g r=%u vb=%u head %u: "
 			  "rel err %g", (unsigned long long)seed, d, nq, g, drop, b, frac,
 			  eo.r, vb, h, e);
 		free(ref);
 	}
+	cr_assert(ties <= 1, "seed %llu: %u heads of %u near a tie", (unsigned long long)seed,
+		  ties, H);
 	run_free(&r);
 	for (uint32_t h = 0; h < H; h++)
 		gu_ctx_free(&c[h]);
