@@ -205,6 +205,9 @@ struct phase {
 	const char *name;
 	double *lat;          /* seconds per step */
 	double p50, p90, p99, mean;
+	double *app, *att;    /* per step: seconds in mkv_seq_append, and in
+			       * the attend calls and the stream's wait */
+	double app50, att50;  /* their medians */
 	double cpu_us_tl;     /* CPU µs per token per layer */
 	uint64_t max_lag, swaps, sync_finalized, closes_pending;
 	uint32_t max_queue;
@@ -217,6 +220,7 @@ struct run {
 	struct mkv_seq *s;
 	int on_dev;
 	uint32_t pos;         /* next token to append */
+	double t_app, t_att;  /* the last step's split (struct phase) */
 	float *hq, *hout;     /* host queries/outputs (CPU path) */
 #if MKV_HAVE_CUDA
 	cudaStream_t X;
@@ -232,26 +236,35 @@ static void step(struct run *r, uint32_t t)
 	uint16_t *k = malloc(2 * (size_t)H * d), *v = malloc(2 * (size_t)H * d);
 	if (!k || !v)
 		exit(1);
+	r->t_app = r->t_att = 0;
 	for (uint32_t l = 0; l < c->layers; l++) {
 		for (uint32_t h = 0; h < H; h++) {
 			memcpy(k + (size_t)h * d, dk(r->D, l, h, H, r->pos, d), 2 * d);
 			memcpy(v + (size_t)h * d, dv(r->D, l, h, H, r->pos, d), 2 * d);
 		}
+		double t0 = now_s();
 		RC(mkv_seq_append(&r->s, 1, l, k, v, MKV_DTYPE_BF16));
+		double t1 = now_s();
+		r->t_app += t1 - t0;
 #if MKV_HAVE_CUDA
 		if (r->on_dev) {
 			size_t qn = (size_t)H * c->q_per_kv * d;
 			RC(mkv_seq_attend_dev(r->s, l, r->dq + ((size_t)(t % 8) * c->layers + l) * qn,
 					      r->dout + (size_t)l * qn, r->X));
+			r->t_att += now_s() - t1;
 			continue;
 		}
 #endif
 		queries(c, r->D, l, t, r->hq);
 		RC(mkv_seq_attend(r->s, l, r->hq, r->hout, NULL));
+		r->t_att += now_s() - t1;
 	}
 #if MKV_HAVE_CUDA
-	if (r->on_dev)
+	if (r->on_dev) {
+		double t2 = now_s();
 		CK(cudaStreamSynchronize(r->X));
+		r->t_att += now_s() - t2;
+	}
 #endif
 	r->pos++;
 	free(k);
@@ -265,7 +278,9 @@ static void run_phase(struct run *r, struct phase *p, uint32_t n, int paused)
 	store_pause(r->st, paused);
 	RC(mkv_seq_get_stats(r->s, &s0));
 	p->lat = calloc(n, sizeof(double));
-	if (!p->lat)
+	p->app = calloc(n, sizeof(double));
+	p->att = calloc(n, sizeof(double));
+	if (!p->lat || !p->app || !p->att)
 		exit(1);
 	p->max_lag = 0;
 	p->max_queue = 0;
@@ -274,6 +289,8 @@ static void run_phase(struct run *r, struct phase *p, uint32_t n, int paused)
 		double t0 = now_s();
 		step(r, i);
 		p->lat[i] = now_s() - t0;
+		p->app[i] = r->t_app;
+		p->att[i] = r->t_att;
 		RC(mkv_seq_get_stats(r->s, &s1));
 		if (s1.lag_tokens > p->max_lag)
 			p->max_lag = s1.lag_tokens;
@@ -298,6 +315,10 @@ static void run_phase(struct run *r, struct phase *p, uint32_t n, int paused)
 	p->p90 = sorted[(size_t)(0.90 * (n - 1))];
 	p->p99 = sorted[(size_t)(0.99 * (n - 1))];
 	p->mean = sum / n;
+	qsort(p->app, n, sizeof(double), cmpd);
+	qsort(p->att, n, sizeof(double), cmpd);
+	p->app50 = p->app[n / 2];
+	p->att50 = p->att[n / 2];
 	free(sorted);
 }
 
@@ -321,6 +342,8 @@ static void print_phase(const struct cfg *c, const struct phase *p)
 	       (unsigned long long)p->swaps, (unsigned long long)p->max_lag,
 	       (double)p->max_lag / ((double)c->layers * c->kv_heads), p->max_queue,
 	       (unsigned long long)p->sync_finalized, p->cpu_us_tl);
+	printf("  %-8s of a step (p50s): append %8.3f ms, attend + wait %8.3f ms\n", p->name,
+	       p->app50 * 1e3, p->att50 * 1e3);
 }
 
 int main(int argc, char **argv)
@@ -589,7 +612,11 @@ int main(int argc, char **argv)
 		synth_free(&D.g[i].kv);
 	free(D.g);
 	free(paused.lat);
+	free(paused.app);
+	free(paused.att);
 	free(running.lat);
+	free(running.app);
+	free(running.att);
 	free(r.hq);
 	free(r.hout);
 	printf("RESULT name=decode swap_overhead=%.4f max_lag_tokens=%llu "
