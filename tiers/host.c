@@ -15,7 +15,12 @@
  *
  * Limits: chunks are only mapped while the pinned total stays within the
  * pin limit (capacity + 1/4 + 8 MiB for jemalloc's slabs and retained
- * growth, plus what staging buffers asked for).  If pinning fails
+ * growth, plus what staging buffers asked for).  Pinned memory grows in
+ * steps of capacity / 1024 (4 to 256 MiB: the built-in allocator's chunk,
+ * jemalloc's retain_grow_limit), so a large tier is a thousand or so
+ * chunks, not one registration per 4 MiB, and the chunk table grows with
+ * it (it had a fixed 4,096 entries: a tier stopped at 16 GiB whatever its
+ * capacity, found by a 1M-token bench/decode).  If pinning fails
  * (RLIMIT_MEMLOCK without CAP_IPC_LOCK, or cudaHostRegister failing) the
  * chunk is unmapped and the allocation fails: put() returns -ENOMEM.  We
  * never fall back to unpinned memory, since a later DMA from it would be
@@ -47,9 +52,10 @@
 
 #include "tiers/tcuda.h"
 
-#define HOST_MAX_CHUNKS 4096
+#define HOST_CHUNKS0 16 /* the chunk table's first size; it doubles */
 #define HOST_ALIGN 64
-#define HOST_CHUNK ((size_t)4 << 20) /* built-in allocator's chunk */
+#define HOST_CHUNK ((size_t)4 << 20) /* the smallest growth step */
+#define HOST_GROW_MAX ((size_t)256 << 20)
 #define HOST_MIN_CLASS 256u
 
 /* The jemalloc entry points, resolved at run time. */
@@ -91,7 +97,8 @@ struct host_tier {
 	int cuda;             /* pin with cudaHostRegister */
 	pthread_mutex_t lock; /* chunks, pinned */
 	struct host_chunk *chunks;
-	unsigned n_chunks;
+	unsigned n_chunks, cap_chunks;
+	size_t grow;          /* pinned growth step (see the top) */
 	size_t pinned, pin_limit;
 	uint64_t pin_failures;
 	int use_je;
@@ -111,8 +118,8 @@ static struct host_tier *host_of(struct tier *t)
 
 /*
  * Map @size bytes aligned to @alignment, bind them to the NUMA node, pin
- * them and record the chunk.  NULL when the pin limit or the chunk table
- * is full, or pinning failed.  Takes h->lock itself.
+ * them and record the chunk.  NULL when the pin limit is reached, or
+ * pinning or growing the chunk table failed.  Takes h->lock itself.
  */
 static char *host_map_pinned(struct host_tier *h, size_t size,
 			     size_t alignment)
@@ -123,7 +130,7 @@ static char *host_map_pinned(struct host_tier *h, size_t size,
 	if (alignment < 4096)
 		alignment = 4096;
 	pthread_mutex_lock(&h->lock);
-	if (h->n_chunks == HOST_MAX_CHUNKS || h->pinned + size > h->pin_limit) {
+	if (h->pinned + size > h->pin_limit) {
 		pthread_mutex_unlock(&h->lock);
 		return NULL;
 	}
@@ -150,6 +157,23 @@ static char *host_map_pinned(struct host_tier *h, size_t size,
 		goto fail;
 	}
 	pthread_mutex_lock(&h->lock);
+	if (h->n_chunks == h->cap_chunks) {
+		/* grown here, under the lock, where the slot is taken */
+		unsigned nc = 2 * h->cap_chunks;
+		struct host_chunk *np = realloc(h->chunks, nc * sizeof *np);
+
+		if (!np) {
+			pthread_mutex_unlock(&h->lock);
+			if (h->cuda)
+				tcuda_host_unregister(a);
+			else
+				munlock(a, size);
+			munmap(a, size);
+			goto fail;
+		}
+		h->chunks = np;
+		h->cap_chunks = nc;
+	}
 	h->chunks[h->n_chunks].addr = a;
 	h->chunks[h->n_chunks].len = size;
 	h->n_chunks++;
@@ -242,13 +266,13 @@ static void *host_bi_alloc(struct host_tier *h, size_t len, unsigned *clsp)
 	if (p)
 		return p;
 	/* A new chunk; the rest of the old one stays unused (< 1 class). */
-	char *ch = host_map_pinned(h, HOST_CHUNK, 4096);
+	char *ch = host_map_pinned(h, h->grow, 4096);
 
 	if (!ch)
 		return NULL;
 	pthread_mutex_lock(&h->lock);
 	bi->cur = ch;
-	bi->cur_len = HOST_CHUNK;
+	bi->cur_len = h->grow;
 	bi->cur_used = fp;
 	pthread_mutex_unlock(&h->lock);
 	return ch;
@@ -502,11 +526,17 @@ int host_tier_create2(size_t capacity, int numa_node, int gpu,
 		return -ENOMEM;
 	tier_init(&h->base, &host_ops, capacity);
 	pthread_mutex_init(&h->lock, NULL);
-	h->chunks = calloc(HOST_MAX_CHUNKS, sizeof *h->chunks);
+	h->chunks = calloc(HOST_CHUNKS0, sizeof *h->chunks);
 	if (!h->chunks) {
 		host_destroy(&h->base);
 		return -ENOMEM;
 	}
+	h->cap_chunks = HOST_CHUNKS0;
+	h->grow = (capacity / 1024 + HOST_CHUNK - 1) & ~(HOST_CHUNK - 1);
+	if (h->grow < HOST_CHUNK)
+		h->grow = HOST_CHUNK;
+	if (h->grow > HOST_GROW_MAX)
+		h->grow = HOST_GROW_MAX;
 	h->numa_node = numa_node;
 	h->cuda = gpu >= 0 && tcuda_usable(gpu);
 	h->pin_limit = capacity + capacity / 4 + ((size_t)8 << 20);
@@ -532,11 +562,11 @@ int host_tier_create2(size_t capacity, int numa_node, int gpu,
 		}
 		h->arena_ok = 1;
 		h->use_je = 1;
-		/* Grow retained virtual memory in steps of at most 4 MiB so
-		 * one growth never asks for much more pinned memory than
+		/* Grow retained virtual memory in steps of at most h->grow
+		 * so one growth never asks for much more pinned memory than
 		 * needed. */
 		char name[64];
-		size_t lim = (size_t)4 << 20;
+		size_t lim = h->grow;
 
 		snprintf(name, sizeof name, "arena.%u.retain_grow_limit",
 			 h->arena);

@@ -131,6 +131,47 @@ Test(host, numa_binding)
  * put reports -ENOMEM: memory is never handed out unpinned.  (Criterion
  * runs each test in its own process, so dropping the capability here does
  * not leak into other tests.) */
+/* More chunks than the table's first size (it grows), every payload intact;
+ * and a large tier pins in larger steps (capacity / 1024): a fixed table
+ * of 4,096 chunks of 4 MiB once stopped every tier at 16 GiB. */
+static void many_chunks(int use_je)
+{
+	struct tier *t = NULL;
+	enum { SZ = 900 << 10, N = 120 };
+	char *src = malloc(SZ);
+	struct tier_obj *o[N];
+
+	cr_assert_eq(host_tier_create2((size_t)160 << 20, -1, -1, use_je, &t), 0);
+	for (int i = 0; i < N; i++) {
+		tu_fill(src, SZ, 100 + i);
+		struct tier_meta m = tu_meta(7, (uint32_t)i, src, SZ);
+		int rc = tier_put(t, NULL, &m, src, &o[i]);
+		cr_assert_eq(rc, 0, "put %d: %d", i, rc);
+	}
+	/* 105 MiB of payloads: at least 26 chunks of 4 MiB */
+	cr_assert_geq(host_tier_pinned_bytes(t), (size_t)N * SZ);
+	for (int i = 0; i < N; i++) {
+		tu_fill(src, SZ, 100 + i);
+		tu_check_get(t, NULL, o[i], src, SZ);
+		tier_drop(t, NULL, o[i]);
+	}
+	tier_destroy(t);
+	if (!use_je) {
+		/* 8 GiB: one small put pins one step of 8 MiB (nothing else
+		 * is pinned before the first put) */
+		cr_assert_eq(host_tier_create2((size_t)8 << 30, -1, -1, 0, &t), 0);
+		struct tier_meta m = tu_meta(7, 1, src, 4096);
+		cr_assert_eq(tier_put(t, NULL, &m, src, &o[0]), 0);
+		cr_assert_eq(host_tier_pinned_bytes(t), (size_t)8 << 20);
+		tier_drop(t, NULL, o[0]);
+		tier_destroy(t);
+	}
+	free(src);
+}
+
+Test(host, many_chunks_jemalloc) { many_chunks(1); }
+Test(host, many_chunks_builtin) { many_chunks(0); }
+
 Test(host, mlock_limit_gives_enomem)
 {
 	if (!MLOCK_OBSERVABLE)
