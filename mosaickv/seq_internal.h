@@ -35,6 +35,9 @@ struct strat {
 struct lh {
 	struct hseg *segs;
 	size_t nsegs, cap;
+	size_t first_unfinal;       /* no segment before it is pending:
+	                             * segments are only appended, and only
+	                             * become final (lh_first_unfinal) */
 	/* The open segment (update buffer). */
 	struct mkv_segment *ok, *ov;
 	size_t okcap, ovcap;

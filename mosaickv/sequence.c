@@ -341,13 +341,17 @@ static void raw_release(struct mkv_seq *s, struct lh *l, size_t upto)
 	l->raw_start = upto;
 }
 
-/* First token not yet final (the lag starts there). */
-static size_t lh_first_unfinal(const struct lh *l)
+/* First token not yet final (the lag starts there).  The scan resumes
+ * where the last one stopped: from the start it walked every final
+ * segment (256 a head at 1M tokens) two or three times an append, which
+ * made a 1M-token append four times a 128K one on the H200. */
+static size_t lh_first_unfinal(struct lh *l)
 {
-	for (size_t i = 0; i < l->nsegs; i++)
-		if (!l->segs[i].final)
-			return l->segs[i].start;
-	return l->ostart;
+	size_t i = l->first_unfinal;
+	while (i < l->nsegs && l->segs[i].final)
+		i++;
+	l->first_unfinal = i;
+	return i < l->nsegs ? l->segs[i].start : l->ostart;
 }
 
 static void lag_update(struct mkv_seq *s)
