@@ -98,6 +98,7 @@ struct store_counters {
 	uint64_t reopen_adopted, reopen_corrupt, reopen_incomplete;
 	uint64_t segments[MKV_TIER_COUNT];
 	uint64_t move_batches;
+	uint64_t balance_skipped;
 };
 
 struct mkv_store {
@@ -506,6 +507,8 @@ static int do_move_many(struct mkv_store *s, struct tier_io *io,
 			if (!from_balance) {
 				count_error(s, mv[i].src, dst, -ENOSPC);
 				rcs[i] = -ENOSPC;
+			} else {
+				s->c.balance_skipped++;
 			}
 			continue;
 		}
@@ -2707,6 +2710,7 @@ int mkv_store_get_stats(struct mkv_store *s, struct mkv_store_stats *st)
 	v.reopen_corrupt = s->c.reopen_corrupt;
 	v.reopen_incomplete = s->c.reopen_incomplete;
 	v.move_batches = s->c.move_batches;
+	v.balance_skipped = s->c.balance_skipped;
 	pthread_mutex_unlock(&s->lock);
 	if (s->tiers[MKV_TIER_HOST]) {
 		v.pinned_host_bytes = host_tier_pinned_bytes(s->tiers[MKV_TIER_HOST]);

@@ -553,6 +553,11 @@ struct mkv_store_stats {
 	/* 1: the host tier allocates from a jemalloc arena (jemalloc was in
 	 * the process or could be loaded); 0: its built-in allocator. */
 	uint32_t host_jemalloc;
+	/* balance moves left out because the destination had reached its
+	 * high watermark when the move came (the plan counts the segments'
+	 * footprints where they are, a move reserves a bound on the new
+	 * one) */
+	uint64_t balance_skipped;
 };
 
 /* Fill *@st (st->size must be set).  Returns 0 or -EINVAL. */

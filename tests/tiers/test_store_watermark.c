@@ -86,6 +86,8 @@ Test(store_watermark, four_times_top_budget_hottest_resident)
 			      "step %d", t);
 	}
 	cr_assert_eq(mkv_store_drain(s), 0);
+	struct mkv_store_stats st0 = { .size = sizeof st0 };
+	cr_assert_eq(mkv_store_get_stats(s, &st0), 0);
 	struct su_wait w;
 	su_wait_init(&w);
 	cr_assert_eq(mkv_store_balance(s, su_cb, &w), 0);
@@ -93,15 +95,26 @@ Test(store_watermark, four_times_top_budget_hottest_resident)
 	cr_assert_eq(mkv_store_drain(s), 0);
 
 	struct rank r = { 0 };
-	cr_assert_eq(mkv_store_list(s, rank_fn, &r), n);
-	cr_assert_gt(r.n_hbm, 4);
-	cr_assert_gt(r.n_below, n / 2);
-	cr_assert_geq(r.min_hbm, r.max_below,
-		      "a colder segment is in HBM: %g < %g", r.min_hbm,
-		      r.max_below);
-	cr_assert_gt(r.min_hbm, 0); /* the hot ones, not never-selected ones */
 	struct mkv_store_stats st = { .size = sizeof st };
 	cr_assert_eq(mkv_store_get_stats(s, &st), 0);
+	cr_assert_eq(mkv_store_list(s, rank_fn, &r), n);
+	uint64_t skip_last = st.balance_skipped - st0.balance_skipped;
+	cr_log_info("balances %llu, moves %llu, skipped at a watermark %llu (the last "
+		    "balance: %llu of %llu moves), failed %llu",
+		    (unsigned long long)st.balances, (unsigned long long)st.moves_done,
+		    (unsigned long long)st.balance_skipped, (unsigned long long)skip_last,
+		    (unsigned long long)(st.moves_done - st0.moves_done),
+		    (unsigned long long)st.moves_failed);
+	cr_assert_gt(r.n_hbm, 4);
+	cr_assert_gt(r.n_below, n / 2);
+	/* (once in CI, 2026-12-01: "1 < 45.63"; the counts say whether the
+	 * final balance left moves out at a watermark or lost them) */
+	cr_assert_geq(r.min_hbm, r.max_below,
+		      "a colder segment is in HBM: %g < %g (the last balance's moves skipped "
+		      "at a watermark %llu, moves failed %llu, last error %lld)", r.min_hbm,
+		      r.max_below, (unsigned long long)skip_last,
+		      (unsigned long long)st.moves_failed, (long long)st.last_error);
+	cr_assert_gt(r.min_hbm, 0); /* the hot ones, not never-selected ones */
 	cr_assert_leq((double)(st.tier[0].used - st.hot_bytes),
 		      o.high_wm[0] * place_hbm);
 	cr_assert_gt(st.tier[2].segments, 0);
