@@ -344,7 +344,7 @@ static void raw_release(struct mkv_seq *s, struct lh *l, size_t upto)
 /* First token not yet final (the lag starts there).  The scan resumes
  * where the last one stopped: from the start it walked every final
  * segment (256 a head at 1M tokens) two or three times an append, which
- * made a 1M-token append four times a 128K one on the H200. */
+ * made a 1M-token append about twice a 128K one on the same H200 host. */
 static size_t lh_first_unfinal(struct lh *l)
 {
 	size_t i = l->first_unfinal;
