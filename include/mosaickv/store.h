@@ -553,8 +553,9 @@ struct mkv_store_stats {
 	/* 1: the host tier allocates from a jemalloc arena (jemalloc was in
 	 * the process or could be loaded); 0: its built-in allocator. */
 	uint32_t host_jemalloc;
-	/* balance moves left out because the destination had reached its
-	 * high watermark when the move came (the plan counts the segments'
+	/* balance moves left out because the destination was at its high
+	 * watermark when the move came and again when it was retried after
+	 * the balance's other moves (the plan counts the segments'
 	 * footprints where they are, a move reserves a bound on the new
 	 * one) */
 	uint64_t balance_skipped;
