@@ -146,6 +146,21 @@ static void upload_heads(struct run *r, struct gu_ctx *c)
 	r->dheads = gu_upload(hh, sizeof(struct gpu_head) * r->H);
 }
 
+/* The cut-off of a CPU selection (@in, by block): the lowest selected
+ * score past the sink; *@mean gets the mean |score|, the scale of the
+ * rounding tolerance at the cut. */
+static float cut_of(uint32_t nb, const uint8_t *in, const float *cs, double *mean)
+{
+	float cut = INFINITY;
+	*mean = 0;
+	for (uint32_t j = 0; j < nb; j++)
+		*mean += fabs(cs[j]) / nb;
+	for (uint32_t j = 1; j < nb; j++)
+		if (in[j] && cs[j] < cut)
+			cut = cs[j];
+	return cut;
+}
+
 /* Whether the CPU's selection for one head has a block outside it whose
  * score is within rounding of the cut-off (1e-5 of |cut| + the mean |score|,
  * as sets_near_cut): the GPU's scores may then put the other block in, and
@@ -165,13 +180,8 @@ static bool cut_near_tie(const struct mkv_attn_opts *ao, const float *qh,
 	cr_assert(ns >= 1);
 	for (int64_t i = 0; i < ns; i++)
 		in[c->segs[sel[i].seg].block0 + sel[i].block] = 1;
-	double mean = 0;
-	float cut = INFINITY;
-	for (uint32_t j = 0; j < nb; j++)
-		mean += fabs(cs[j]) / nb;
-	for (uint32_t j = 1; j < nb; j++)
-		if (in[j] && cs[j] < cut)
-			cut = cs[j];
+	double mean;
+	float cut = cut_of(nb, in, cs, &mean);
 	bool tie = false;
 	for (uint32_t j = 1; j < nb && !tie; j++)
 		tie = !in[j] && fabsf(cs[j] - cut) <= 1e-5 * (fabs(cut) + mean);
@@ -848,13 +858,8 @@ Test(gpu, packed_q8_cuda_cores_r82)
 static void sets_near_cut(uint64_t seed, uint32_t h, uint32_t nb, const uint8_t *in_g,
 			  const uint8_t *in_c, const float *cs, double tol, uint32_t max_diff)
 {
-	double mean = 0;
-	float cut = INFINITY;
-	for (uint32_t j = 0; j < nb; j++)
-		mean += fabs(cs[j]) / nb;
-	for (uint32_t j = 1; j < nb; j++)
-		if (in_c[j] && cs[j] < cut)
-			cut = cs[j];
+	double mean;
+	float cut = cut_of(nb, in_c, cs, &mean);
 	uint32_t ndiff = 0;
 	for (uint32_t j = 0; j < nb; j++)
 		if (in_g[j] != in_c[j]) {
