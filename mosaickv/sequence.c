@@ -1195,12 +1195,12 @@ static void close_early(struct mkv_seq *s)
 				bhd = h;
 			}
 		}
-	if (!big)
+	uint64_t row = raw_row_bytes(s), half = s->o.lag_cap / 2;
+	if (!big || open * row <= half)
 		return;
 	lag_update(s);
-	uint64_t row = raw_row_bytes(s), half = s->o.lag_cap / 2;
 	uint64_t pending = s->st.lag_bytes - open * row;
-	if (open * row > half && pending + (uint64_t)big->ok->v.n * row <= half)
+	if (pending + (uint64_t)big->ok->v.n * row <= half)
 		(void)close_open(s, big, bl, bhd, false); /* a failure is retried */
 }
 
