@@ -2712,10 +2712,14 @@ int mkv_store_get_stats(struct mkv_store *s, struct mkv_store_stats *st)
 {
 	struct mkv_store_stats v;
 
-	if (!s || !st || st->size != sizeof(*st))
+	/* This version's size, or the one before balance_skipped (callers
+	 * built against that header keep working and get what they know). */
+	size_t want = st ? st->size : 0;
+	if (!s || !st ||
+	    (want != sizeof(*st) && want != offsetof(struct mkv_store_stats, balance_skipped)))
 		return -EINVAL;
 	memset(&v, 0, sizeof v);
-	v.size = sizeof v;
+	v.size = want;
 	pthread_mutex_lock(&s->lock);
 	for (int t = 0; t < MKV_TIER_COUNT; t++) {
 		struct tier_stats ts;
@@ -2760,7 +2764,7 @@ int mkv_store_get_stats(struct mkv_store *s, struct mkv_store_stats *st)
 		v.host_jemalloc = (uint32_t)host_tier_uses_jemalloc(
 			s->tiers[MKV_TIER_HOST]);
 	}
-	*st = v;
+	memcpy(st, &v, want);
 	return 0;
 }
 

@@ -561,7 +561,10 @@ struct mkv_store_stats {
 	uint64_t balance_skipped;
 };
 
-/* Fill *@st (st->size must be set).  Returns 0 or -EINVAL. */
+/* Fill *@st.  st->size must be set: sizeof(*st), or the size before
+ * balance_skipped (offsetof(struct mkv_store_stats, balance_skipped)),
+ * which fills the fields before it only.  Returns 0 or -EINVAL (any
+ * other size, NULL). */
 MKV_API int mkv_store_get_stats(struct mkv_store *s,
 				struct mkv_store_stats *st);
 

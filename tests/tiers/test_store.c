@@ -3,6 +3,7 @@
  * every tier, fetch, prefetch, pins, reopen, argument checks.  Real tiers:
  * mlock'ed jemalloc arena, O_DIRECT files through io_uring. */
 #include <errno.h>
+#include <stddef.h>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -57,6 +58,30 @@ Test(store, roundtrip_through_every_tier)
 	cr_assert_eq(st.tier[MKV_TIER_NVME].used, 0); /* file removed */
 	cr_assert_gt(st.pinned_host_bytes, 0);
 	cr_assert_eq(st.host_jemalloc, 1); /* this test links jemalloc */
+	cr_assert_eq(st.balance_skipped, 0);
+	/* The stats' previous version (before balance_skipped): the same
+	 * fields, nothing written past its size; other sizes refused. */
+	const size_t v1 = offsetof(struct mkv_store_stats, balance_skipped);
+	union {
+		struct mkv_store_stats st;
+		unsigned char b[sizeof(struct mkv_store_stats)];
+	} old;
+	memset(&old, 0xab, sizeof old);
+	old.st.size = v1;
+	cr_assert_eq(mkv_store_get_stats(s, &old.st), 0);
+	cr_assert_eq(old.st.size, v1);
+	cr_assert_eq(old.st.moves_done, 6);
+	cr_assert_eq(old.st.host_jemalloc, 1);
+	cr_assert_eq(old.st.tier[MKV_TIER_HBM].segments, 1);
+	for (size_t i = v1; i < sizeof old; i++)
+		cr_assert_eq(old.b[i], 0xab, "byte %zu written", i);
+	size_t bad[] = { 0, v1 - 8, v1 + 4, sizeof st + 8 };
+	for (unsigned i = 0; i < 4; i++) {
+		memset(&old, 0xab, sizeof old);
+		old.st.size = bad[i];
+		cr_assert_eq(mkv_store_get_stats(s, &old.st), -EINVAL, "size %zu", bad[i]);
+		cr_assert_eq(old.b[sizeof old - 1], 0xab);
+	}
 	cr_assert_eq(mkv_store_remove(s, &k), 0);
 	cr_assert_eq(mkv_store_remove(s, &k), -ENOENT);
 	mkv_store_destroy(s);
