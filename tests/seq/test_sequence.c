@@ -1268,42 +1268,66 @@ static void append_token(struct mkv_seq *s, struct truth *t, uint32_t i, float *
 	t->n++;
 }
 
+/* The two lag tests' sequence: L = 2 layers of H = 4 KV heads (d 128,
+ * exact), n0 = 128 tokens prefilled, room for @n more, decode segments
+ * uncapped from @min_segment tokens, a lag cap of 1 MiB. */
+struct lag_fix {
+	uint64_t seed, rng;
+	struct mkv_store *st;
+	struct mkv_seq_opts o;
+	struct truth t;
+	struct mkv_seq *s;
+	float *k, *v; /* one token of every head */
+};
+
+enum { LAG_L = 2, LAG_H = 4, LAG_D = 128, LAG_N0 = 128 };
+
+static void lag_fix_open(struct lag_fix *f, uint32_t min_segment, uint32_t n)
+{
+	f->seed = fresh_seed();
+	f->rng = f->seed;
+	f->st = host_store((size_t)64 << 20);
+	exact_opts(&f->o, LAG_L, LAG_H, 1, LAG_D);
+	f->o.max_segment = 65536;
+	f->o.min_segment = min_segment;
+	f->o.lag_cap = (size_t)1 << 20;
+	truth_init(&f->t, LAG_L, LAG_H, 1, LAG_D, LAG_N0 + n);
+	fill_random(&f->t, 0, LAG_N0 + n, &f->rng);
+	cr_assert_eq(mkv_seq_open(f->st, &f->o, 3, &f->s), 0);
+	prefill_all(f->s, &f->t, LAG_N0);
+	f->k = malloc(sizeof(float) * LAG_H * LAG_D);
+	f->v = malloc(sizeof(float) * LAG_H * LAG_D);
+}
+
+/* Every layer's output still exact, then everything freed. */
+static void lag_fix_close(struct lag_fix *f)
+{
+	for (uint32_t l = 0; l < LAG_L; l++) {
+		double e = attend_error(f->s, &f->t, l, &f->rng);
+		cr_assert(e < 1e-5, "seed %llu: error %.3g", (unsigned long long)f->seed, e);
+	}
+	free(f->k);
+	free(f->v);
+	mkv_seq_close(f->s);
+	mkv_store_destroy(f->st);
+	free(f->t.k);
+	free(f->t.v);
+}
+
 Test(sequence, backpressure_bounds_lag, .timeout = 120)
 {
-	const uint32_t L = 2, H = 4, G = 1, d = 128, n0 = 128, steps = 700;
-	uint64_t seed = fresh_seed(), rng = seed;
-	struct mkv_store *st = host_store((size_t)64 << 20);
-	struct mkv_seq_opts o;
-	exact_opts(&o, L, H, G, d);
-	o.prefill_segment = 128;
-	o.max_segment = 65536;
-	o.min_segment = 65536; /* nothing closes by itself */
-	o.lag_cap = (size_t)1 << 20;
-	struct truth t;
-	truth_init(&t, L, H, G, d, n0 + steps);
-	fill_random(&t, 0, n0 + steps, &rng);
-	struct mkv_seq *s;
-	cr_assert_eq(mkv_seq_open(st, &o, 3, &s), 0);
-	prefill_all(s, &t, n0);
-	float *k = malloc(sizeof(float) * H * d), *v = malloc(sizeof(float) * H * d);
+	const uint32_t steps = 700;
+	struct lag_fix f;
+	lag_fix_open(&f, 65536, steps); /* nothing closes by itself */
 	struct mkv_seq_stats ss = {.size = sizeof ss};
-	for (uint32_t i = n0; i < n0 + steps; i++) {
-		append_token(s, &t, i, k, v, NULL);
-		cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
-		cr_assert(ss.lag_bytes <= o.lag_cap, "lag %llu bytes > cap",
+	for (uint32_t i = LAG_N0; i < LAG_N0 + steps; i++) {
+		append_token(f.s, &f.t, i, f.k, f.v, NULL);
+		cr_assert_eq(mkv_seq_get_stats(f.s, &ss), 0);
+		cr_assert(ss.lag_bytes <= f.o.lag_cap, "lag %llu bytes > cap",
 			  (unsigned long long)ss.lag_bytes);
 	}
 	cr_assert(ss.sync_finalized > 0, "the cap never forced a synchronous finalization");
-	for (uint32_t l = 0; l < L; l++) {
-		double e = attend_error(s, &t, l, &rng);
-		cr_assert(e < 1e-5, "seed %llu: error %.3g", (unsigned long long)seed, e);
-	}
-	free(k);
-	free(v);
-	mkv_seq_close(s);
-	mkv_store_destroy(st);
-	free(t.k);
-	free(t.v);
+	lag_fix_close(&f);
 }
 
 /* Open segments that never pass the loss threshold (r = d loses nothing)
@@ -1327,43 +1351,22 @@ static void open_within_half_cap(struct mkv_seq *s)
 
 Test(sequence, early_close_keeps_finalization_off_the_caller, .timeout = 120)
 {
-	const uint32_t L = 2, H = 4, G = 1, d = 128, n0 = 128, run = 700;
-	uint64_t seed = fresh_seed(), rng = seed;
-	struct mkv_store *st = host_store((size_t)64 << 20);
-	struct mkv_seq_opts o;
-	exact_opts(&o, L, H, G, d);
-	o.max_segment = 65536;
-	o.min_segment = 32;
-	o.lag_cap = (size_t)1 << 20;
-	struct truth t;
-	truth_init(&t, L, H, G, d, n0 + run);
-	fill_random(&t, 0, n0 + run, &rng);
-	struct mkv_seq *s;
-	cr_assert_eq(mkv_seq_open(st, &o, 3, &s), 0);
-	prefill_all(s, &t, n0);
-	float *k = malloc(sizeof(float) * H * d), *v = malloc(sizeof(float) * H * d);
+	const uint32_t run = 700;
+	struct lag_fix f;
+	lag_fix_open(&f, 32, run);
 	struct mkv_seq_stats ss = {.size = sizeof ss};
-	for (uint32_t i = n0; i < n0 + run; i++) {
-		append_token(s, &t, i, k, v, open_within_half_cap);
-		mkv_seq_sync(s);
+	for (uint32_t i = LAG_N0; i < LAG_N0 + run; i++) {
+		append_token(f.s, &f.t, i, f.k, f.v, open_within_half_cap);
+		mkv_seq_sync(f.s);
 	}
-	cr_assert_eq(mkv_seq_get_stats(s, &ss), 0);
+	cr_assert_eq(mkv_seq_get_stats(f.s, &ss), 0);
 	cr_assert_eq(ss.sync_finalized, 0, "%llu finalized on the caller's thread",
 		     (unsigned long long)ss.sync_finalized);
 	/* 700 tokens x 8 heads in segments of ~128 tokens at most (half the
 	 * cap is 512 tokens open, 64 a head on average) */
-	cr_assert(ss.swaps >= (uint64_t)run * L * H / 256, "only %llu swaps",
+	cr_assert(ss.swaps >= (uint64_t)run * LAG_L * LAG_H / 256, "only %llu swaps",
 		  (unsigned long long)ss.swaps);
-	for (uint32_t l = 0; l < L; l++) {
-		double e = attend_error(s, &t, l, &rng);
-		cr_assert(e < 1e-5, "seed %llu: error %.3g", (unsigned long long)seed, e);
-	}
-	free(k);
-	free(v);
-	mkv_seq_close(s);
-	mkv_store_destroy(st);
-	free(t.k);
-	free(t.v);
+	lag_fix_close(&f);
 }
 
 /* ---------------------------------------------------------------------- */
