@@ -86,6 +86,9 @@ struct mkv_seq {
 	struct mkv_fetch *fetch;
 	struct attend_pool *pool;    /* NULL: the caller attends every head */
 	struct seqgpu *gpu;          /* NULL: attention on the CPU only */
+	uint64_t dev_epoch;          /* bumped when final segments' device
+				      * copies are dropped (seqgpu's kept
+				      * views); caller thread */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct done *done;           /* under lock */

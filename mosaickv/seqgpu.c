@@ -65,6 +65,21 @@ struct dseg {
 	uint32_t cap;     /* token capacity */
 };
 
+/* A head's history views that the next attend of its layer may reuse:
+ * segments [0, seg) are final and were wholly inside the history at the
+ * last upload, and their views [0, views) are still in stage and in dreg
+ * at the head's row.  Segments are only appended and only become final,
+ * a final segment's device copy changes only when the sequence drops
+ * them all (mkv_seq.dev_epoch), and the history only grows: so they are
+ * that attend's first views too, unchanged.  At 1M tokens a layer has
+ * ~2,000 views; rebuilding and uploading all of them every step cost more
+ * host time than the step's kernels. */
+struct vkeep {
+	uint32_t seg, views, blocks;
+	uint64_t tokens;
+	int small;        /* every kept view keeps GPU_ATTN_SMALL_ROWS' promise */
+};
+
 struct dlayer {
 	char *stage;      /* pinned: what one attend uploads */
 	char *dreg;       /* its device twin */
@@ -74,6 +89,9 @@ struct dlayer {
 	uint16_t *ring;   /* dense window, [2][H][wcap][d] bf16 (K, then V) */
 	uint32_t wcap, wcount;
 	uint64_t wfirst;  /* token held in ring row 0 */
+	uint32_t vstride; /* views a head's row holds in stage and dreg */
+	struct vkeep *keep; /* [H] */
+	uint64_t epoch;   /* mkv_seq.dev_epoch that keep was made under */
 };
 
 struct seqgpu {
@@ -447,6 +465,8 @@ void seqgpu_destroy(struct seqgpu *g)
 			free(g->ret[i]);
 	}
 	free(g->ret);
+	for (uint32_t i = 0; i < g->layers; i++)
+		free(g->L[i].keep);
 	free(g->L);
 	free(g);
 }
@@ -629,14 +649,27 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	const uint32_t n = seq_lh(s, layer, 0)->n;
 	const uint32_t w = n < g->window ? n : g->window, hist = n - w;
 
-	/* 1. Device copies, and how much this attend uploads. */
-	size_t nviews = 0, nitems = 0;
-	uint32_t n_new = 0;
+	/* 0. What the last upload left that this one reuses (struct vkeep). */
+	if (!D->keep && !(D->keep = calloc(H, sizeof(*D->keep))))
+		return -ENOMEM;
+	if (D->epoch != s->dev_epoch) {
+		memset(D->keep, 0, H * sizeof(*D->keep));
+		D->epoch = s->dev_epoch;
+	}
+
+	/* 1. Device copies, and how much this attend uploads.  Kept segments
+	 * are final with a device copy: nothing to do for them. */
+	size_t nitems = 0;
+	uint32_t n_new = 0, vneed = 0;
 	for (uint32_t h = 0; h < H; h++) {
 		struct lh *l = seq_lh(s, layer, h);
 		if (l->n != n)
 			return -EIO; /* heads of a layer always agree */
-		for (size_t i = 0; i <= l->nsegs; i++) {
+		if (D->keep[h].seg > l->nsegs)
+			memset(&D->keep[h], 0, sizeof(D->keep[h])); /* never: segments only grow */
+		if (l->nsegs + 1 > vneed)
+			vneed = (uint32_t)l->nsegs + 1;
+		for (size_t i = D->keep[h].seg; i <= l->nsegs; i++) {
 			struct sref r;
 			sref_of(l, i, &r);
 			if (r.len == 0)
@@ -649,9 +682,12 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 				if (r.len - x->g.n > n_new)
 					n_new = r.len - x->g.n;
 			}
-			if (r.start < hist)
-				nviews++;
 		}
+	}
+	if (vneed > D->vstride) {
+		/* Rows move: every view is written again. */
+		D->vstride = vneed + vneed / 8 + 8;
+		memset(D->keep, 0, H * sizeof(*D->keep));
 	}
 	struct wplan wp;
 	memset(&wp, 0, sizeof wp);
@@ -671,10 +707,12 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 			return -EIO; /* the ring must end with token n - 1 */
 	}
 
-	/* 2. The staging layout. */
+	/* 2. The staging layout: the heads, then a row of vstride views per
+	 * head (kept views stay where they are), then the update buffers. */
+	const size_t vsz = sizeof(struct gpu_seg), vrow = (size_t)D->vstride * vsz;
 	size_t off_heads = 0;
 	size_t off_segs = al256(sizeof(struct gpu_head) * H);
-	size_t off_bufs = off_segs + al256(sizeof(struct gpu_seg) * (nviews ? nviews : 1));
+	size_t off_bufs = off_segs + al256(vrow * H);
 	size_t off_caps = off_bufs + al256(sizeof(struct gpu_seg) * nitems);
 	size_t off_knew = off_caps + al256(sizeof(uint32_t) * nitems);
 	size_t tokb = (size_t)nitems * n_new * d * 2;
@@ -706,38 +744,50 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		D->stage = ns;
 		D->dreg = nd;
 		D->cap = nc;
+		memset(D->keep, 0, H * sizeof(*D->keep)); /* both are new */
 	}
 
-	/* 3. Fill it: items and views, head by head. */
+	/* 3. Fill it: items and views, head by head; D->keep as it goes. */
 	struct gpu_head *hh = (struct gpu_head *)(D->stage + off_heads);
-	struct gpu_seg *sv = (struct gpu_seg *)(D->stage + off_segs);
 	struct gpu_seg *bf = (struct gpu_seg *)(D->stage + off_bufs);
 	uint32_t *cp = (uint32_t *)(D->stage + off_caps);
 	uint16_t *kn = (uint16_t *)(D->stage + off_knew);
 	uint16_t *vn = (uint16_t *)(D->stage + off_vnew);
-	const struct gpu_seg *dsv = (const struct gpu_seg *)(D->dreg + off_segs);
 	ix = nitems ? malloc(nitems * sizeof(*ix)) : NULL;
 	if (nitems && !ix)
 		return -ENOMEM;
-	size_t vi = 0, it = 0;
+	size_t it = 0;
 	uint32_t max_segs = 0, max_blocks = 0;
+	uint32_t col0 = D->vstride, col1 = 0; /* the view columns written */
 	int small = 1; /* every view keeps GPU_ATTN_SMALL_ROWS' promise */
 	for (uint32_t h = 0; h < H; h++) {
 		struct lh *l = seq_lh(s, layer, h);
-		uint32_t nb = 0, ns = 0;
-		uint64_t nh = 0;
-		size_t v0 = vi;
-		for (size_t i = 0; i <= l->nsegs; i++) {
+		struct vkeep k = D->keep[h];
+		struct gpu_seg *sv = (struct gpu_seg *)(D->stage + off_segs + h * vrow);
+		uint32_t nb = k.blocks, ns = k.views;
+		uint64_t nh = k.tokens;
+		int hsmall = k.views ? k.small : 1, growing = 1;
+		col0 = k.views < col0 ? k.views : col0;
+		for (size_t i = k.seg; i <= l->nsegs; i++) {
 			struct sref r;
 			sref_of(l, i, &r);
-			if (r.len == 0)
+			if (r.len == 0) {
+				if (growing && r.final && i < l->nsegs)
+					k.seg = (uint32_t)i + 1;
+				else
+					growing = 0;
 				continue;
+			}
 			struct dseg *x = *r.dev;
+			if (!x) {
+				rc = -EIO; /* seg_ready made it, or it is kept */
+				goto fail;
+			}
 			if (!r.final && x->g.n < r.len) {
 				uint32_t a = x->g.n, cnt = r.len - a;
 				if (r.start + a < l->raw_start) {
-					free(ix);
-					return -EIO; /* raw rows of non-final tokens are kept */
+					rc = -EIO; /* raw rows of non-final tokens are kept */
+					goto fail;
 				}
 				bf[it] = x->g;
 				cp[it] = a + cnt;
@@ -746,30 +796,38 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 				to_bf16(vn + it * n_new * d, l->rawv + row * d, (size_t)cnt * d);
 				ix[it++] = x;
 			}
-			if (r.start >= hist)
+			if (r.start >= hist) {
+				growing = 0;
 				continue;
+			}
 			if (r.start != nh) {
-				free(ix);
-				return -EIO; /* the history must tile [0, hist) */
+				rc = -EIO; /* the history must tile [0, hist) */
+				goto fail;
 			}
 			uint32_t use = hist - r.start < r.len ? hist - r.start : r.len;
 			struct gpu_seg vw = x->g;
 			vw.n = use;
 			vw.n_blocks = (use + vw.b - 1) / vw.b;
 			vw.block0 = nb;
-			small &= gpu_seg_small_rows(&vw, d);
-			sv[vi++] = vw;
+			hsmall &= gpu_seg_small_rows(&vw, d);
+			sv[ns++] = vw;
 			nb += vw.n_blocks;
 			nh += use;
-			ns++;
+			if (growing && r.final && use == r.len)
+				k = (struct vkeep){(uint32_t)i + 1, ns, nb, nh, hsmall};
+			else
+				growing = 0;
 		}
 		if (nh != hist) {
-			free(ix);
-			return -EIO; /* every token once: history then window */
+			rc = -EIO; /* every token once: history then window */
+			goto fail;
 		}
+		D->keep[h] = k;
+		col1 = ns > col1 ? ns : col1;
+		small &= hsmall;
 		struct gpu_head gh;
 		memset(&gh, 0, sizeof gh);
-		gh.segs = dsv + v0;
+		gh.segs = (const struct gpu_seg *)(D->dreg + off_segs + h * vrow);
 		gh.buf = NULL;
 		gh.n_hist = nh;
 		gh.nseg = ns;
@@ -792,8 +850,8 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 			for (uint32_t h = 0; h < H; h++) {
 				struct lh *l = seq_lh(s, layer, h);
 				if (wp.a < l->raw_start) {
-					free(ix);
-					return -EIO; /* the window's raw rows are kept */
+					rc = -EIO; /* the window's raw rows are kept */
+					goto fail;
 				}
 				const float *src = (kv ? l->rawv : l->rawk) +
 						   (size_t)(wp.a - l->raw_start) * d;
@@ -833,8 +891,19 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	    (rc = grow_dev(g, &g->aws, &g->aws_bytes,
 			   gpu_append_ws_bytes((uint32_t)nitems, n_new), X)))
 		goto fail;
-	CK(cudaMemcpyAsync(D->dreg, D->stage, main_bytes, cudaMemcpyHostToDevice, X));
+	/* The heads, the view columns written (rows of kept views start
+	 * past them; a column past a row's views copies what nothing reads),
+	 * the update buffers. */
+	CK(cudaMemcpyAsync(D->dreg, D->stage, sizeof(struct gpu_head) * H,
+			   cudaMemcpyHostToDevice, X));
 	copied = 1;
+	if (col1 > col0)
+		CK(cudaMemcpy2DAsync(D->dreg + off_segs + col0 * vsz, vrow,
+				     D->stage + off_segs + col0 * vsz, vrow, (col1 - col0) * vsz,
+				     H, cudaMemcpyHostToDevice, X));
+	if (main_bytes > off_bufs)
+		CK(cudaMemcpyAsync(D->dreg + off_bufs, D->stage + off_bufs, main_bytes - off_bufs,
+				   cudaMemcpyHostToDevice, X));
 	if (nitems) {
 		struct gpu_append_args aa;
 		memset(&aa, 0, sizeof aa);
@@ -875,6 +944,8 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 fail:
 	if (rc && w)
 		D->wcount = 0; /* rewritten in full by the next attend */
+	if (rc)
+		memset(D->keep, 0, H * sizeof(*D->keep)); /* and every view */
 	if (copied) {
 		/* Whatever was queued reads the staging and the copies: the
 		 * next attend must wait for it. */

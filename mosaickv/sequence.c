@@ -168,6 +168,7 @@ static struct lh *lh_of(struct mkv_seq *s, uint32_t layer, uint32_t head)
  * an attend may have read them, else dropped at once. */
 static void lh_drop_dev(struct mkv_seq *s, struct lh *l, bool attended)
 {
+	s->dev_epoch++;
 	for (size_t i = 0; i < l->nsegs; i++) {
 		if (attended)
 			seqgpu_retire(s->gpu, l->segs[i].dev);
