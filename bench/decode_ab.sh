@@ -1,0 +1,53 @@
+#!/bin/bash
+# On the GPU machine (see ../shared/device/README.md; .devdeps carried):
+# bench/decode on the working tree ("head") and on every overlay under ab/
+# (bench/attn_ab_prep.sh writes them), built in parallel, the variants
+# interleaved REPS times (default 1), so that host-side changes are
+# compared on the same VM: its CPU speed differs between calls.  TESTS=1
+# first runs test_gpu_seq on the working tree.  Output under $OUT (or
+# ./out): one log per variant and repetition; the step lines of all of
+# them in summary.txt.
+#
+# Usage: DECODE_ARGS="--tokens 256" bash bench/decode_ab.sh
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+case "${PKG_CONFIG_PATH:-}" in
+  *.devdeps*) ;;
+  *) . .devdeps/env.sh ;;
+esac
+names="head"
+for d in ab/*/; do
+	[ -d "$d" ] && names="$names $(basename "$d")"
+done
+t0=$(date +%s)
+for n in $names; do
+	T=/tmp/dab-tree-$n
+	rm -rf "$T"
+	mkdir -p "$T"
+	tar --exclude=.devdeps --exclude=ab -cf - . | tar -xf - -C "$T"
+	[ "$n" = head ] || cp -r "ab/$n/." "$T/"
+	targets=bench/decode
+	[ "$n" = head ] && [ "${TESTS:-0}" = 1 ] && targets="$targets tests/gpu/test_gpu_seq"
+	(cd "$T" && meson setup /tmp/dab-build-$n -Dcuda=enabled -Dtests=true > /dev/null &&
+	 ninja -C /tmp/dab-build-$n $targets > "$OUT/build-$n.log" 2>&1 ||
+	 echo "build $n failed: $(grep -m3 error "$OUT/build-$n.log")") &
+done
+wait
+echo "built in $(( $(date +%s) - t0 )) s"
+status=0
+if [ "${TESTS:-0}" = 1 ]; then
+	timeout ${TEST_T:-300} /tmp/dab-build-head/tests/gpu/test_gpu_seq -j4 \
+		> "$OUT/test_gpu_seq.log" 2>&1 || status=$?
+	grep -E "Synthesis|\[FAIL\]|compares," "$OUT/test_gpu_seq.log" | head -30
+fi
+: > "$OUT/summary.txt"
+for i in $(seq 1 "${REPS:-1}"); do
+	for n in $names; do
+		timeout ${BENCH_T:-300} /tmp/dab-build-$n/bench/decode ${DECODE_ARGS:-} \
+			> "$OUT/decode-$n-$i.log" 2>&1 || { echo "decode $n rc=$?"; status=1; }
+		{ echo "== $n ($i)"; grep -E "step p50|of a step|swap_overhead|^RESULT" \
+			"$OUT/decode-$n-$i.log"; } | tee -a "$OUT/summary.txt"
+	done
+done
+exit $status
