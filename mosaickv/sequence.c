@@ -245,6 +245,9 @@ struct attend_pool;
 static int pool_create(struct mkv_store *store, unsigned nt, size_t staging,
 		       struct attend_pool **out);
 static void pool_destroy(struct attend_pool *p);
+typedef int (*head_fn)(void *ctx, uint32_t head, struct mkv_fetch *f);
+static int pool_call(struct attend_pool *p, head_fn fn, void *ctx, uint32_t heads,
+		     struct mkv_fetch *f);
 
 int mkv_seq_open(struct mkv_store *store, const struct mkv_seq_opts *o,
 		 uint64_t id, struct mkv_seq **out)
@@ -1129,10 +1132,35 @@ static bool open_should_close(const struct mkv_seq *s, const struct lh *l)
 	return lk > s->o.loss_threshold || lv > s->o.loss_threshold;
 }
 
+/* One token of a layer, the work of head @h (on the head pool with
+ * attend_threads > 1: it writes only that head's state).  Its room is
+ * reserved, so it cannot fail. */
+struct append_call {
+	struct mkv_seq *s;
+	uint32_t layer;
+	const float *k, *v;
+};
+
+static int append_head(void *ctx, uint32_t h, struct mkv_fetch *f)
+{
+	(void)f;
+	const struct append_call *c = ctx;
+	struct mkv_seq *s = c->s;
+	const size_t d = s->o.d;
+	struct lh *l = lh_of(s, c->layer, h);
+	const float *kh = c->k + h * d, *vh = c->v + h * d;
+	(void)open_append(s, l, kh, vh, 1);
+	size_t off = (l->n - l->raw_start) * d;
+	memcpy(l->rawk + off, kh, sizeof(float) * d);
+	memcpy(l->rawv + off, vh, sizeof(float) * d);
+	l->n++;
+	raw_release(s, l, lh_first_unfinal(l));
+	return 0;
+}
+
 static int append_one(struct mkv_seq *s, uint32_t layer, const float *k,
 		      const float *v)
 {
-	size_t d = s->o.d;
 	/* Reserve for every head first: once a head takes the token, all do
 	 * (the input is already known to be finite). */
 	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
@@ -1147,16 +1175,12 @@ static int append_one(struct mkv_seq *s, uint32_t layer, const float *k,
 		if (rc)
 			return rc;
 	}
-	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
-		struct lh *l = lh_of(s, layer, h);
-		const float *kh = k + h * d, *vh = v + h * d;
-		(void)open_append(s, l, kh, vh, 1);
-		size_t off = (l->n - l->raw_start) * d;
-		memcpy(l->rawk + off, kh, sizeof(float) * d);
-		memcpy(l->rawv + off, vh, sizeof(float) * d);
-		l->n++;
-		raw_release(s, l, lh_first_unfinal(l));
-	}
+	struct append_call c = {s, layer, k, v};
+	if (s->pool && s->o.kv_heads > 1)
+		(void)pool_call(s->pool, append_head, &c, s->o.kv_heads, s->fetch);
+	else
+		for (uint32_t h = 0; h < s->o.kv_heads; h++)
+			(void)append_head(&c, h, NULL);
 	/* Closing is after the token is in every head; a failed close leaves
 	 * the segment open and is retried at the next token. */
 	for (uint32_t h = 0; h < s->o.kv_heads; h++) {
@@ -1485,13 +1509,15 @@ next:
 }
 
 /*
- * The attend pool: with attend_threads > 1, that many threads less one
- * (the caller is the last) take the CPU path's KV heads from a shared
- * counter, each with its own fetch context (a context serves one thread
- * at a time, and its pins last until its next fetch).  A head's work reads
- * the sequence and writes only that head's state and output rows
- * (attend_head), so the heads need no other coordination.  The caller
- * waits for all before it returns, so nothing of a call outlives it.
+ * The head pool: with attend_threads > 1, that many threads less one (the
+ * caller is the last) take KV heads from a shared counter and run one
+ * call's function on each: the CPU path's attends (attend_head), each
+ * helper with its own fetch context (a context serves one thread at a
+ * time, and its pins last until its next fetch), and appends' per-head
+ * work (append_head: the open segment's encoding of the token and its raw
+ * copy).  Either reads the sequence and writes only that head's state and
+ * output rows, so the heads need no other coordination.  The caller waits
+ * for all before it returns, so nothing of a call outlives it.
  */
 struct attend_pool {
 	pthread_t *th;
@@ -1501,35 +1527,26 @@ struct attend_pool {
 	pthread_cond_t go, done;
 	uint64_t gen;           /* bumped per call */
 	int stop;
-	/* the call in progress (under mu, read by helpers after go) */
-	struct attend_job {
-		struct mkv_seq *s;
-		uint32_t layer;
-		const struct mkv_attn_opts *ao;
-		const float *q;
-		float *out;
-		bool host_read;
-	} job;
+	/* the call in progress (set under mu before go, read by helpers
+	 * after it; not changed until every helper is done with it) */
+	head_fn fn;
+	void *ctx;
+	uint32_t heads;
 	uint32_t next;          /* next head to take */
 	unsigned busy;          /* helpers still in this call */
 	int rc;                 /* first failure */
-	uint64_t fetch_bytes, attend_bytes;
 };
 
-/* Take heads until none is left or one failed; adds to the pool's sums. */
+/* Take heads until none is left or one failed. */
 static void pool_run(struct attend_pool *p, struct mkv_fetch *f)
 {
-	uint64_t fb = 0, ab = 0;
-	int rc = 0;
-
 	for (;;) {
 		pthread_mutex_lock(&p->mu);
 		uint32_t h = p->rc ? UINT32_MAX : p->next++;
 		pthread_mutex_unlock(&p->mu);
-		const struct attend_job *j = &p->job;
-		if (h >= j->s->o.kv_heads)
+		if (h >= p->heads)
 			break;
-		rc = attend_head(j->s, j->layer, h, j->ao, j->q, j->out, f, j->host_read, &fb, &ab);
+		int rc = p->fn(p->ctx, h, f);
 		if (rc) {
 			pthread_mutex_lock(&p->mu);
 			if (!p->rc)
@@ -1538,10 +1555,30 @@ static void pool_run(struct attend_pool *p, struct mkv_fetch *f)
 			break;
 		}
 	}
+}
+
+/* @fn on heads [0, @heads), shared by the caller (fetch context @f) and
+ * the helpers; the first failure, after every head taken is done. */
+static int pool_call(struct attend_pool *p, head_fn fn, void *ctx, uint32_t heads,
+		     struct mkv_fetch *f)
+{
 	pthread_mutex_lock(&p->mu);
-	p->fetch_bytes += fb;
-	p->attend_bytes += ab;
+	p->fn = fn;
+	p->ctx = ctx;
+	p->heads = heads;
+	p->next = 0;
+	p->rc = 0;
+	p->busy = p->n;
+	p->gen++;
+	pthread_cond_broadcast(&p->go);
 	pthread_mutex_unlock(&p->mu);
+	pool_run(p, f);
+	pthread_mutex_lock(&p->mu);
+	while (p->busy)
+		pthread_cond_wait(&p->done, &p->mu);
+	int rc = p->rc;
+	pthread_mutex_unlock(&p->mu);
+	return rc;
 }
 
 struct pool_arg {
@@ -1635,38 +1672,42 @@ fail:
 	return rc;
 }
 
+/* One CPU-path attend on the pool (attend_head per head). */
+struct attend_call {
+	struct mkv_seq *s;
+	uint32_t layer;
+	const struct mkv_attn_opts *ao;
+	const float *q;
+	float *out;
+	bool host_read;
+	uint64_t fetch_bytes, attend_bytes; /* atomic */
+};
+
+static int attend_fn(void *ctx, uint32_t h, struct mkv_fetch *f)
+{
+	struct attend_call *c = ctx;
+	uint64_t fb = 0, ab = 0;
+	int rc = attend_head(c->s, c->layer, h, c->ao, c->q, c->out, f, c->host_read, &fb, &ab);
+	__atomic_fetch_add(&c->fetch_bytes, fb, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&c->attend_bytes, ab, __ATOMIC_RELAXED);
+	return rc;
+}
+
 /* Every KV head of @layer on the CPU path: on the caller alone, or shared
  * with the pool's helpers. */
 static int attend_heads(struct mkv_seq *s, uint32_t layer, const struct mkv_attn_opts *ao,
 			const float *q, float *out, bool host_read, uint64_t *fetch_bytes,
 			uint64_t *attend_bytes)
 {
-	struct attend_pool *p = s->pool;
+	struct attend_call c = {s, layer, ao, q, out, host_read, 0, 0};
 	int rc = 0;
-
-	if (!p || s->o.kv_heads < 2) {
+	if (s->pool && s->o.kv_heads > 1)
+		rc = pool_call(s->pool, attend_fn, &c, s->o.kv_heads, s->fetch);
+	else
 		for (uint32_t h = 0; h < s->o.kv_heads && rc == 0; h++)
-			rc = attend_head(s, layer, h, ao, q, out, s->fetch, host_read,
-					 fetch_bytes, attend_bytes);
-		return rc;
-	}
-	pthread_mutex_lock(&p->mu);
-	p->job = (struct attend_job){s, layer, ao, q, out, host_read};
-	p->next = 0;
-	p->rc = 0;
-	p->fetch_bytes = p->attend_bytes = 0;
-	p->busy = p->n;
-	p->gen++;
-	pthread_cond_broadcast(&p->go);
-	pthread_mutex_unlock(&p->mu);
-	pool_run(p, s->fetch);
-	pthread_mutex_lock(&p->mu);
-	while (p->busy)
-		pthread_cond_wait(&p->done, &p->mu);
-	rc = p->rc;
-	*fetch_bytes += p->fetch_bytes;
-	*attend_bytes += p->attend_bytes;
-	pthread_mutex_unlock(&p->mu);
+			rc = attend_fn(&c, h, s->fetch);
+	*fetch_bytes += c.fetch_bytes;
+	*attend_bytes += c.attend_bytes;
 	return rc;
 }
 

@@ -145,8 +145,11 @@ struct mkv_seq_opts {
 	                          * the CPU even with device copies, and
 	                          * mkv_seq_attend_dev refuses it (-EINVAL) */
 	/* Version 4 (earlier versions get 1). */
-	uint32_t attend_threads; /* threads attending the KV heads of a CPU-
-	                          * path attend: the caller and up to this
+	uint32_t attend_threads; /* threads sharing the KV heads of a CPU-
+	                          * path attend and of an append (each head's
+	                          * token encoded into its open segment: the
+	                          * decode thread's main cost, on the GPU
+	                          * path too): the caller and up to this
 	                          * many less one that the sequence starts at
 	                          * open (no more than kv_heads in all), each
 	                          * with its own fetch context of

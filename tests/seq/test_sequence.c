@@ -411,12 +411,14 @@ static void attend_out(struct mkv_seq *s, uint32_t layer, const float *q, float 
 }
 
 /* attend_threads: the KV heads attended on several threads, each with its
- * own fetch context, give the outputs and fetch counts of the caller
- * alone, bit for bit: through decode appends, swaps, an offloaded layer
- * (blocks fetched from below) and two-stage selection. */
+ * own fetch context, and their appends encoded there too, give the
+ * outputs and fetch counts of the caller alone, bit for bit: through
+ * decode appends (closes, swaps), an offloaded layer (blocks fetched from
+ * below) and two-stage selection.  Under TSan (scripts/test.sh) also a
+ * check that heads share nothing. */
 Test(sequence, attend_threads_change_nothing_but_time, .timeout = 120)
 {
-	const uint32_t L = 2, H = 4, G = 2, d = 64, n0 = 1024, steps = 24;
+	const uint32_t L = 2, H = 4, G = 2, d = 64, n0 = 1024, steps = 96;
 	uint64_t rng = fresh_seed();
 	struct mkv_store *st = host_store((size_t)64 << 20);
 	struct mkv_seq *s[2];
@@ -428,6 +430,8 @@ Test(sequence, attend_threads_change_nothing_but_time, .timeout = 120)
 		o.prefill_segment = 256;
 		o.max_segment = 64; /* decode segments close and swap */
 		o.min_segment = 16;
+		/* open segments reach past the window: attended packed */
+		o.window = 16;
 		o.refine = 2.0;
 		o.attend_threads = i ? 3 : 1;
 		cr_assert_eq(mkv_seq_open(st, &o, 41 + (uint64_t)i, &s[i]), 0);
@@ -451,8 +455,12 @@ Test(sequence, attend_threads_change_nothing_but_time, .timeout = 120)
 				memcpy(kt + h * d, tk(&t, l, h, n0 + step), sizeof(float) * d);
 				memcpy(vt + h * d, tv(&t, l, h, n0 + step), sizeof(float) * d);
 			}
-			for (int i = 0; i < 2; i++)
+			/* each sequence's swaps land when they land: sync both,
+			 * so that both attend the same encodings */
+			for (int i = 0; i < 2; i++) {
 				cr_assert_eq(mkv_seq_append(&s[i], 1, l, kt, vt, MKV_DTYPE_F32), 0);
+				cr_assert_eq(mkv_seq_sync(s[i]), 0);
+			}
 			for (size_t c = 0; c < sizeof q / sizeof *q; c++)
 				q[c] = 0.3f * rng_normal(&rng);
 			attend_out(s[0], l, q, o0);
@@ -468,8 +476,12 @@ Test(sequence, attend_threads_change_nothing_but_time, .timeout = 120)
 				cr_assert_gt(b.fetch_bytes_last, 0, "offloaded: fetched from below");
 		}
 	}
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 2; i++) {
+		struct mkv_seq_stats a = {.size = sizeof a};
+		cr_assert_eq(mkv_seq_get_stats(s[i], &a), 0);
+		cr_assert_gt(a.swaps, 0, "decode segments were swapped");
 		cr_assert_eq(mkv_seq_close(s[i]), 0);
+	}
 	/* bounds */
 	struct mkv_seq_opts o;
 	mkv_seq_opts_init(&o, sizeof o);
