@@ -30,10 +30,13 @@
  * (device_attend 0), after a 4,096-token prefill:
  *   append   mkv_seq_append of one token (f32 K and V of 8 heads);
  *   dense    the same token's K and V rounded to bf16 and copied into a
- *            dense cache: what an engine without compression pays.
+ *            dense cache: what an engine without compression pays;
+ *   threads  the same append to a second sequence whose heads' appends
+ *            are shared by --threads threads (mkv_seq_opts.attend_threads,
+ *            default 8: one a KV head).
  * Medians over the tokens, in µs per layer.
  *
- * Usage: append [--tokens 2048] [--reps 15] [--seed 1]
+ * Usage: append [--tokens 2048] [--reps 15] [--seed 1] [--threads 8]
  * Built with -DAPPEND_PUBLIC_ONLY it runs part 2 alone through the public
  * API, so that it links against any build of the library (to compare
  * builds):  cc -O2 -DAPPEND_PUBLIC_ONLY bench/append.c tools/synth.c
@@ -43,6 +46,7 @@
  * rot_fixed_ns=... rot_speedup=... cov_syrk_ns=... cov_rank1_ns=...
  * cov_speedup=... sort_quick_ns=... sort_radix_ns=... sort_speedup=...
  * append_us_per_layer=... dense_us_per_layer=... append_vs_dense=...
+ * threads=... append_threads_us_per_layer=... threads_speedup=...
  */
 #include <errno.h>
 #include <math.h>
@@ -118,13 +122,15 @@ static int cov_syrk(double *cov, const float *x, uint32_t d)
 
 int main(int argc, char **argv)
 {
-	uint32_t tokens = 2048, reps = 15;
+	uint32_t tokens = 2048, reps = 15, threads = HKV;
 	uint64_t seed = 1;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
 			tokens = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
 			reps = (uint32_t)strtoul(argv[++i], NULL, 10);
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			threads = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 10);
 		else {
@@ -261,14 +267,19 @@ int main(int argc, char **argv)
 	qo.device_attend = 0;
 	/* one open segment for the whole run: no close, no worker */
 	qo.min_segment = 65536;
-	struct mkv_seq *s;
+	struct mkv_seq *s, *s2;
 	if ((rc = mkv_seq_open(st, &qo, 1, &s)))
 		die("seq_open", rc);
+	/* the same sequence with its heads' appends shared by @threads threads */
+	qo.attend_threads = threads;
+	if ((rc = mkv_seq_open(st, &qo, 2, &s2)))
+		die("seq_open (threads)", rc);
 	float *pk = malloc(sizeof(float) * HKV * 4096 * D), *pv = malloc(sizeof(float) * HKV * 4096 * D);
 	float *tk = malloc(sizeof(float) * HKV * D), *tv = malloc(sizeof(float) * HKV * D);
 	uint16_t *dense = malloc(sizeof(uint16_t) * 2 * (size_t)tokens * HKV * D);
 	double *ta = malloc(sizeof(double) * tokens), *td = malloc(sizeof(double) * tokens);
-	if (!pk || !pv || !tk || !tv || !dense || !ta || !td)
+	double *tt = malloc(sizeof(double) * tokens);
+	if (!pk || !pv || !tk || !tv || !dense || !ta || !td || !tt)
 		die("alloc", -ENOMEM);
 	/* an engine's cache is allocated ahead: no first touch in the timing */
 	memset(dense, 0, sizeof(uint16_t) * 2 * (size_t)tokens * HKV * D);
@@ -276,7 +287,8 @@ int main(int argc, char **argv)
 		memcpy(pk + (size_t)h * 4096 * D, synth_k(&kv, h), sizeof(float) * 4096 * D);
 		memcpy(pv + (size_t)h * 4096 * D, synth_v(&kv, h), sizeof(float) * 4096 * D);
 	}
-	if ((rc = mkv_seq_prefill(s, 0, pk, pv, MKV_DTYPE_F32, 4096)))
+	if ((rc = mkv_seq_prefill(s, 0, pk, pv, MKV_DTYPE_F32, 4096)) ||
+	    (rc = mkv_seq_prefill(s2, 0, pk, pv, MKV_DTYPE_F32, 4096)))
 		die("prefill", rc);
 	for (uint32_t t = 0; t < tokens; t++) {
 		for (uint32_t h = 0; h < HKV; h++) {
@@ -295,21 +307,30 @@ int main(int argc, char **argv)
 			dv[i] = bf16(tv[i]);
 		}
 		double t2 = now();
+		if ((rc = mkv_seq_append(&s2, 1, 0, tk, tv, MKV_DTYPE_F32)))
+			die("append (threads)", rc);
+		double t3 = now();
 		ta[t] = (t1 - t0) * 1e6;
 		td[t] = (t2 - t1) * 1e6;
+		tt[t] = (t3 - t2) * 1e6;
 	}
 	double am = median(ta, (int)tokens), dm = median(td, (int)tokens);
+	double tm = median(tt, (int)tokens);
 	printf("part 2: a layer's append (%d KV heads, d = %d, sequence defaults, CPU path), "
 	       "median of %u tokens after a 4,096-token prefill (us)\n",
 	       HKV, D, tokens);
 	printf("  append %8.2f  dense %8.3f  append / dense %.0f\n", am, dm, am / dm);
+	printf("  append on %u threads (attend_threads) %8.2f  x%.2f\n", threads, tm, am / tm);
 	printf("(sink %g)\n", sink);
 	printf("RESULT name=append rot_blas_ns=%.1f rot_fixed_ns=%.1f rot_speedup=%.2f "
 	       "cov_syrk_ns=%.1f cov_rank1_ns=%.1f cov_speedup=%.2f sort_quick_ns=%.1f "
 	       "sort_radix_ns=%.1f sort_speedup=%.2f append_us_per_layer=%.2f "
-	       "dense_us_per_layer=%.3f append_vs_dense=%.1f\n",
-	       rb, rf, rb / rf, cs, cr, cs / cr, sq, sr, sq / sr, am, dm, am / dm);
+	       "dense_us_per_layer=%.3f append_vs_dense=%.1f threads=%u "
+	       "append_threads_us_per_layer=%.2f threads_speedup=%.2f\n",
+	       rb, rf, rb / rf, cs, cr, cs / cr, sq, sr, sq / sr, am, dm, am / dm, threads, tm,
+	       am / tm);
 	mkv_seq_close(s);
+	mkv_seq_close(s2);
 	mkv_store_destroy(st);
 	synth_free(&kv);
 	free(pk);
@@ -319,5 +340,6 @@ int main(int argc, char **argv)
 	free(dense);
 	free(ta);
 	free(td);
+	free(tt);
 	return 0;
 }

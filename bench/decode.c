@@ -39,7 +39,7 @@
  *    CPU path (relative difference printed).
  *
  * Usage: decode [--layers 32] [--kv-heads 8] [--q-per-kv 4] [--d 128]
- *   [--context 131072] [--tokens 1024] [--warmup 16] [--workers ncpu/2]
+ *   [--context 131072] [--tokens 1024] [--warmup 16] [--workers ncpu/2] [--threads 1]
  *   [--prefill-segment 4096] [--window 64] [--token-frac 0.1]
  *   [--hbm-mib 1024] [--host-gib G] [--lag-cap-mib 4096] [--seed 1]
  *   [--synth-heads N] [--min-segment 256] [--max-segment max(256, min)] [--cpu]
@@ -52,7 +52,9 @@
  * 256 is what the loss rule gave before the fixed default (runs up to
  * 2026-11-29's): a segment per head every 256 tokens.
  * OPENBLAS_NUM_THREADS is set to 1 (re-exec) unless already set: the
- * workers are the parallelism.
+ * workers are the parallelism.  --threads: the sequence's attend_threads
+ * (its heads' appends, and CPU-path attends, shared by that many threads
+ * with the decode thread among them).
  * The last line: RESULT name=decode swap_overhead=... max_lag_tokens=...
  * cpu_us_per_token_layer=... (and more keys after those).
  */
@@ -97,7 +99,7 @@
 	} while (0)
 
 struct cfg {
-	uint32_t layers, kv_heads, q_per_kv, d, context, tokens, warmup, workers;
+	uint32_t layers, kv_heads, q_per_kv, d, context, tokens, warmup, workers, threads;
 	uint32_t prefill_segment, window, synth_heads, min_segment, max_segment;
 	double token_frac, host_gib;
 	size_t hbm_mib, lag_cap_mib;
@@ -332,8 +334,8 @@ static void usage(const char *a0)
 {
 	fprintf(stderr,
 		"usage: %s [--layers N] [--kv-heads N] [--q-per-kv N] [--d N] [--context N]\n"
-		"  [--tokens N] [--warmup N] [--workers N] [--prefill-segment N] [--window N]\n"
-		"  [--token-frac F] [--hbm-mib N] [--host-gib G] [--lag-cap-mib N] [--seed N]\n"
+		"  [--tokens N] [--warmup N] [--workers N] [--threads N] [--prefill-segment N]\n"
+		"  [--window N] [--token-frac F] [--hbm-mib N] [--host-gib G] [--lag-cap-mib N] [--seed N]\n"
 		"  [--synth-heads N] [--min-segment N] [--max-segment N] [--cpu]\n",
 		a0);
 	exit(2);
@@ -362,7 +364,7 @@ int main(int argc, char **argv)
 	}
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	struct cfg c = {.layers = 32, .kv_heads = 8, .q_per_kv = 4, .d = 128, .context = 131072,
-			.tokens = 1024, .warmup = 16, .workers = 0, .prefill_segment = 4096,
+			.tokens = 1024, .warmup = 16, .workers = 0, .threads = 1, .prefill_segment = 4096,
 			.window = 64, .synth_heads = 0, .min_segment = 256, .max_segment = 0, .token_frac = 0.1, .host_gib = 0,
 			.hbm_mib = 1024, .lag_cap_mib = 4096, .seed = 1, .cpu = 0};
 	for (int i = 1; i < argc; i++) {
@@ -381,6 +383,7 @@ int main(int argc, char **argv)
 		OPT("--tokens", tokens, (uint32_t)strtoul(v, NULL, 10));
 		OPT("--warmup", warmup, (uint32_t)strtoul(v, NULL, 10));
 		OPT("--workers", workers, (uint32_t)strtoul(v, NULL, 10));
+		OPT("--threads", threads, (uint32_t)strtoul(v, NULL, 10));
 		OPT("--prefill-segment", prefill_segment, (uint32_t)strtoul(v, NULL, 10));
 		OPT("--window", window, (uint32_t)strtoul(v, NULL, 10));
 		OPT("--min-segment", min_segment, (uint32_t)strtoul(v, NULL, 10));
@@ -437,9 +440,10 @@ int main(int argc, char **argv)
 	       un.nodename, un.release, ncpu, MKV_HAVE_CUDA, getenv("OPENBLAS_NUM_THREADS"));
 	printf("  layers %u, kv heads %u x %u q, d %u, context %u, decode %u tokens x 2 phases "
 	       "(+%u warm-up), window %u, token_frac %.3g, prefill segments %u, min decode "
-	       "segment %u, max %u, workers %u, synthetic heads %u\n",
+	       "segment %u, max %u, workers %u, sequence threads %u, synthetic heads %u\n",
 	       c.layers, c.kv_heads, c.q_per_kv, c.d, c.context, c.tokens, c.warmup, c.window,
-	       c.token_frac, c.prefill_segment, c.min_segment, c.max_segment, c.workers, c.synth_heads);
+	       c.token_frac, c.prefill_segment, c.min_segment, c.max_segment, c.workers, c.threads,
+	       c.synth_heads);
 	fflush(stdout);
 
 	double t0 = now_s();
@@ -470,6 +474,7 @@ int main(int argc, char **argv)
 	qo.token_frac = c.token_frac;
 	qo.lag_cap = c.lag_cap_mib << 20; /* the paused phase must not hit it */
 	qo.device_attend = !c.cpu;
+	qo.attend_threads = c.threads;
 	struct mkv_seq *s;
 	RC(mkv_seq_open(st, &qo, 1, &s));
 	struct mkv_seq_stats ss = {.size = sizeof ss};
@@ -631,10 +636,10 @@ int main(int argc, char **argv)
 	printf("RESULT name=decode swap_overhead=%.4f max_lag_tokens=%llu "
 	       "cpu_us_per_token_layer=%.1f max_lag_tokens_per_head=%.0f path=%s "
 	       "step_ms_paused=%.3f step_ms_running=%.3f p99_ms_running=%.3f swaps=%llu "
-	       "prefill_s=%.1f gpu_cpu_rel=%.3g\n",
+	       "prefill_s=%.1f gpu_cpu_rel=%.3g threads=%u\n",
 	       overhead, (unsigned long long)running.max_lag, running.cpu_us_tl,
 	       (double)running.max_lag / ((double)c.layers * c.kv_heads),
 	       r.on_dev ? "gpu" : "cpu", paused.p50 * 1e3, running.p50 * 1e3, running.p99 * 1e3,
-	       (unsigned long long)running.swaps, prefill_s, gpu_cpu_diff);
+	       (unsigned long long)running.swaps, prefill_s, gpu_cpu_diff, c.threads);
 	return 0;
 }
