@@ -108,6 +108,14 @@ struct seqgpu {
 	size_t aws_bytes;
 	float *dq, *dout; /* for host-pointer attends */
 	cudaEvent_t ev_last;
+	/* An attend's uploads (staging -> dreg, the window ring) run on cs,
+	 * after the previous attend of the same layer (its ev) and not after
+	 * the other layers' kernels, so that they overlap the kernels of the
+	 * layer before; the caller's stream waits for them (ev_up).  ev_x:
+	 * where an attend allocated on the caller's stream, cs waits for
+	 * that too. */
+	cudaStream_t cs;
+	cudaEvent_t ev_up, ev_x;
 	int have_last;
 	cudaStream_t last;
 	struct dseg **ret; /* retired copies, freed at the next attend */
@@ -257,6 +265,21 @@ int seqgpu_create(int dev, const struct mkv_seq_opts *o, struct seqgpu **out)
 		    cudaSuccess ||
 	    cudaEventCreateWithFlags(&g->ev_last, cudaEventDisableTiming) != cudaSuccess) {
 		(void)cudaGetLastError();
+		cudaMemPoolDestroy(g->pool);
+		dev_leave(g, prev);
+		goto off;
+	}
+	if (cudaStreamCreateWithFlags(&g->cs, cudaStreamNonBlocking) != cudaSuccess ||
+	    cudaEventCreateWithFlags(&g->ev_up, cudaEventDisableTiming) != cudaSuccess ||
+	    cudaEventCreateWithFlags(&g->ev_x, cudaEventDisableTiming) != cudaSuccess) {
+		(void)cudaGetLastError();
+		/* what was made of the three, made in this order */
+		if (g->cs) {
+			if (g->ev_up)
+				cudaEventDestroy(g->ev_up);
+			cudaStreamDestroy(g->cs);
+		}
+		cudaEventDestroy(g->ev_last);
 		cudaMemPoolDestroy(g->pool);
 		dev_leave(g, prev);
 		goto off;
@@ -435,6 +458,8 @@ void seqgpu_destroy(struct seqgpu *g)
 		/* Everything below may still be read by the last attend. */
 		if (g->have_last && cudaEventSynchronize(g->ev_last) != cudaSuccess)
 			(void)cudaGetLastError();
+		if (cudaStreamSynchronize(g->cs) != cudaSuccess)
+			(void)cudaGetLastError();
 		flush_retired(g, st);
 		dfree(g->ws, st);
 		dfree(g->aws, st);
@@ -457,6 +482,9 @@ void seqgpu_destroy(struct seqgpu *g)
 				cudaEventDestroy(D->ev);
 		}
 		cudaEventDestroy(g->ev_last);
+		cudaEventDestroy(g->ev_up);
+		cudaEventDestroy(g->ev_x);
+		cudaStreamDestroy(g->cs);
 		cudaMemPoolDestroy(g->pool);
 		(void)cudaGetLastError();
 		dev_leave(g, prev);
@@ -645,6 +673,9 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	struct dlayer *D = &g->L[layer];
 	struct dseg **ix = NULL; /* the update buffers appended to */
 	int rc = 0, copied = 0;
+	int fresh = 0;      /* allocated on X here: cs waits for X */
+	int up_pending = 0; /* uploads queued on cs that X does not wait for yet */
+	const cudaStream_t C = g->cs;
 	flush_retired(g, X);
 	const uint32_t n = seq_lh(s, layer, 0)->n;
 	const uint32_t w = n < g->window ? n : g->window, hist = n - w;
@@ -698,6 +729,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 			if ((rc = dalloc(g, (void **)&D->ring, rb, X)))
 				return rc;
 			bytes_add(g, rb);
+			fresh = 1;
 			D->wcount = 0;
 			D->wfirst = 0;
 		}
@@ -744,6 +776,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		D->stage = ns;
 		D->dreg = nd;
 		D->cap = nc;
+		fresh = 1;
 		memset(D->keep, 0, H * sizeof(*D->keep)); /* both are new */
 	}
 
@@ -891,19 +924,48 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	    (rc = grow_dev(g, &g->aws, &g->aws_bytes,
 			   gpu_append_ws_bytes((uint32_t)nitems, n_new), X)))
 		goto fail;
-	/* The heads, the view columns written (rows of kept views start
-	 * past them; a column past a row's views copies what nothing reads),
-	 * the update buffers. */
+	/* 5. The uploads on cs (struct seqgpu): after the last attend of this
+	 * layer, which read dreg and the ring (the host already waited for
+	 * it: D->ev above), and after allocations made here on X.  The heads,
+	 * the view columns written (rows of kept views start past them; a
+	 * column past a row's views copies what nothing reads), the update
+	 * buffers, the window ring. */
+	if (fresh) {
+		CK(cudaEventRecord(g->ev_x, X));
+		CK(cudaStreamWaitEvent(C, g->ev_x, 0));
+	}
+	if (D->ev_rec)
+		CK(cudaStreamWaitEvent(C, D->ev, 0));
+	up_pending = 1;
 	CK(cudaMemcpyAsync(D->dreg, D->stage, sizeof(struct gpu_head) * H,
-			   cudaMemcpyHostToDevice, X));
-	copied = 1;
+			   cudaMemcpyHostToDevice, C));
 	if (col1 > col0)
 		CK(cudaMemcpy2DAsync(D->dreg + off_segs + col0 * vsz, vrow,
 				     D->stage + off_segs + col0 * vsz, vrow, (col1 - col0) * vsz,
-				     H, cudaMemcpyHostToDevice, X));
+				     H, cudaMemcpyHostToDevice, C));
 	if (main_bytes > off_bufs)
 		CK(cudaMemcpyAsync(D->dreg + off_bufs, D->stage + off_bufs, main_bytes - off_bufs,
-				   cudaMemcpyHostToDevice, X));
+				   cudaMemcpyHostToDevice, C));
+	if (w) {
+		size_t pitch = (size_t)D->wcap * d * 2;
+		if (wp.compact && wp.keep)
+			CK(cudaMemcpy2DAsync(D->ring, pitch, D->ring + wp.src_row * d, pitch,
+					     (size_t)wp.keep * d * 2, (size_t)2 * H,
+					     cudaMemcpyDeviceToDevice, C));
+		if (wp.m)
+			CK(cudaMemcpy2DAsync(D->ring + (size_t)wp.count * d, pitch,
+					     D->stage + off_win, (size_t)wp.m * d * 2,
+					     (size_t)wp.m * d * 2, (size_t)2 * H,
+					     cudaMemcpyHostToDevice, C));
+		D->wfirst = wp.first;
+		D->wcount = wp.count + wp.m;
+	}
+	CK(cudaEventRecord(g->ev_up, C));
+	CK(cudaStreamWaitEvent(X, g->ev_up, 0));
+	up_pending = 0;
+	copied = 1;
+
+	/* 6. The kernels, on X. */
 	if (nitems) {
 		struct gpu_append_args aa;
 		memset(&aa, 0, sizeof aa);
@@ -925,23 +987,20 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 			ix[i]->g.n_blocks = (cp[i] + ix[i]->g.b - 1) / ix[i]->g.b;
 		}
 	}
-	if (w) {
-		size_t pitch = (size_t)D->wcap * d * 2;
-		if (wp.compact && wp.keep)
-			CK(cudaMemcpy2DAsync(D->ring, pitch, D->ring + wp.src_row * d, pitch,
-					     (size_t)wp.keep * d * 2, (size_t)2 * H,
-					     cudaMemcpyDeviceToDevice, X));
-		if (wp.m)
-			CK(cudaMemcpy2DAsync(D->ring + (size_t)wp.count * d, pitch,
-					     D->stage + off_win, (size_t)wp.m * d * 2,
-					     (size_t)wp.m * d * 2, (size_t)2 * H,
-					     cudaMemcpyHostToDevice, X));
-		D->wfirst = wp.first;
-		D->wcount = wp.count + wp.m;
-	}
 	if ((rc = gpu_attend_packed(&A, (const struct gpu_head *)(D->dreg + off_heads), X)))
 		goto fail;
 fail:
+	if (up_pending) {
+		/* Uploads may be queued on cs: X waits for them before the
+		 * events below say the staging is free again. */
+		copied = 1;
+		if (cudaEventRecord(g->ev_up, C) != cudaSuccess ||
+		    cudaStreamWaitEvent(X, g->ev_up, 0) != cudaSuccess) {
+			(void)cudaGetLastError();
+			if (cudaStreamSynchronize(C) != cudaSuccess)
+				(void)cudaGetLastError();
+		}
+	}
 	if (rc && w)
 		D->wcount = 0; /* rewritten in full by the next attend */
 	if (rc)
