@@ -12,21 +12,9 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 . .devdeps/env.sh
 ARGS=${ATTN_ARGS:---ctx 262144,1048576 --batch 1,8}
-names="head"
-for d in ab/*/; do
-	[ -d "$d" ] && names="$names $(basename "$d")"
-done
-for n in $names; do
-	T=/tmp/ab-tree-$n
-	rm -rf "$T"
-	mkdir -p "$T"
-	tar --exclude=.devdeps --exclude=ab -cf - . | tar -xf - -C "$T"
-	[ "$n" = head ] || cp -r "ab/$n/." "$T/"
-	(cd "$T" && meson setup /tmp/ab-build-$n -Dcuda=enabled -Dtests=true > /dev/null &&
-	 ninja -C /tmp/ab-build-$n tests/gpu/test_gpu_attn bench/attn > "$OUT/build-$n.log" 2>&1 ||
-	 echo "build $n failed: $(grep -m3 error "$OUT/build-$n.log")") &
-done
-wait
+. bench/ab_trees.sh
+ab_names
+ab_build ab "tests/gpu/test_gpu_attn bench/attn"
 if [ "${TESTS:-1}" = 1 ]; then
 	for n in $names; do
 		timeout 300 /tmp/ab-build-$n/tests/gpu/test_gpu_attn > "$OUT/test-$n.log" 2>&1

@@ -16,24 +16,12 @@ case "${PKG_CONFIG_PATH:-}" in
   *.devdeps*) ;;
   *) . .devdeps/env.sh ;;
 esac
-names="head"
-for d in ab/*/; do
-	[ -d "$d" ] && names="$names $(basename "$d")"
-done
+. bench/ab_trees.sh
+ab_names
 t0=$(date +%s)
-for n in $names; do
-	T=/tmp/dab-tree-$n
-	rm -rf "$T"
-	mkdir -p "$T"
-	tar --exclude=.devdeps --exclude=ab -cf - . | tar -xf - -C "$T"
-	[ "$n" = head ] || cp -r "ab/$n/." "$T/"
-	targets=bench/decode
-	[ "$n" = head ] && [ "${TESTS:-0}" = 1 ] && targets="$targets tests/gpu/test_gpu_seq"
-	(cd "$T" && meson setup /tmp/dab-build-$n -Dcuda=enabled -Dtests=true > /dev/null &&
-	 ninja -C /tmp/dab-build-$n $targets > "$OUT/build-$n.log" 2>&1 ||
-	 echo "build $n failed: $(grep -m3 error "$OUT/build-$n.log")") &
-done
-wait
+extra=
+[ "${TESTS:-0}" = 1 ] && extra=tests/gpu/test_gpu_seq
+ab_build dab bench/decode "$extra"
 echo "built in $(( $(date +%s) - t0 )) s"
 status=0
 if [ "${TESTS:-0}" = 1 ]; then
