@@ -3220,7 +3220,7 @@ __device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0,
  *   - a lane owns one vector (lane % 16 = token, lane / 16 = K or V) and
  *     decodes it from the stage: values to fp16 at the start of its tile
  *     row (quantized fields as the exact integers they store), then the
- *     channel-major expansion in place (g1_expand);
+ *     expansion in place, a group of 8 channels at a time (expand_inplace);
  *   - the products are transposed, tokens as the 16 rows:
  *     Sᵀ = K̂ Q'ᵀ with K̂ by ldmatrix and Q'ᵀ as B, O'ᵀ += V̂ᵀ Pᵀ with V̂ᵀ by
  *     ldmatrix.trans and Pᵀ from S's accumulators by movmatrix.trans.  The
@@ -3612,6 +3612,47 @@ __device__ __forceinline__ void expand_direct(uint32_t src, uint32_t dst, const 
 	}
 }
 
+/*
+ * Quantized rows: the r values st_compact left at the start of tile row
+ * @row, expanded in place to channels [0, 8 NG) by the bitmap @bm (no
+ * bits at or above d_keep), every group of 8 channels from its own start
+ * index as expand_direct does, so NG short chains the compiler may
+ * interleave instead of g1_expand's one chain over every channel (the
+ * in-place walk's pointer steps were the staged kernel's top stall when
+ * the bf16 rows still used it).  In place is safe in any interleaving of
+ * the loads as long as each group stores after its own loads and the
+ * groups store from the top down (the sts128 are ordered): group g's
+ * values lie at indices popc(bits below 8g) .. popc(bits below 8g + 8) - 1,
+ * all below 8g + 8, so no higher group's store (channels 8(g + 1) and up)
+ * touches them, and a group's own store comes after its loads (it stores
+ * them).  Groups past d_keep store zeros.  The loads are not volatile
+ * (take_bit): their addresses come from @row passed through a volatile
+ * move placed after st_compact's stores, which keeps them behind those.
+ */
+template <int NG>
+__device__ __forceinline__ void expand_inplace(uint32_t row, const uint32_t (&bm)[4])
+{
+	uint32_t src;
+	asm volatile("mov.u32 %0, %1;" : "=r"(src) : "r"(row) : "memory");
+	uint32_t base[4];
+	base[0] = 0;
+#pragma unroll
+	for (int i = 1; i < 4; i++)
+		base[i] = base[i - 1] + (i - 1 < (NG + 3) / 4 ? __popc(bm[i - 1]) : 0u);
+#pragma unroll
+	for (int gi = NG - 1; gi >= 0; gi--) {
+		const int sh = (gi & 3) * 8;
+		const uint32_t wd = bm[gi >> 2];
+		uint32_t p = src + 2 * (base[gi >> 2] + __popc(wd & ((1u << sh) - 1u)));
+		uint32_t v[8];
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			v[e] = take_bit(wd, 1u << (sh + e), p);
+		sts128(row + 16 * gi, __byte_perm(v[0], v[1], 0x5410), __byte_perm(v[2], v[3], 0x5410),
+		       __byte_perm(v[4], v[5], 0x5410), __byte_perm(v[6], v[7], 0x5410));
+	}
+}
+
 /* The r values of a staged row as fp16 at shared @dst (quantized: the
  * fields' integers; the scale is applied to S or P). */
 __device__ __forceinline__ void st_compact(const uint32_t *row, uint32_t r, uint32_t vb,
@@ -3737,7 +3778,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 		} else {
 			if (valid)
 				st_compact(row, r, vb, trow);
-			g1_expand<D>(trow, bm, r, nch);
+			expand_inplace<2 * KC>(trow, bm);
 		}
 	}
 	__syncwarp();
