@@ -144,10 +144,12 @@ class Sequence:
     Options mirror struct mkv_seq_opts.  refine > 1 turns on two-stage
     block selection: the bound names refine × token_frac of the history,
     those blocks' packed keys score them, the top token_frac is attended
-    (more keys read per step; CPU path only).  attend_threads > 1 attends
-    the KV heads of a CPU-path step on that many threads (the caller and
-    helpers the sequence starts, each with its own fetch staging of
-    staging_bytes); the results are the same.  device_positions=True keeps
+    (more keys read per step; CPU path only).  attend_threads > 1 shares
+    the KV heads of a CPU-path attend and of every append (each head's
+    token encoded into its open segment, the decode thread's main cost on
+    the GPU path too) over that many threads (the caller and helpers the
+    sequence starts, each with its own fetch staging of staging_bytes);
+    the results are the same.  device_positions=True keeps
     each value's channel beside the bitmaps in the device copies of bf16
     segments (value_bits=0, g=1, r <= 32): a faster GPU attend for more
     device bytes, the same results.  summary_bits=8 scores final segments
