@@ -666,6 +666,12 @@ static void to_bf16(uint16_t *dst, const float *src, size_t n)
 		dst[i] = mkv_f32_to_bf16(src[i]);
 }
 
+/* Nothing of the last upload is reused: every view is written again. */
+static void keep_forget(struct dlayer *D, uint32_t H)
+{
+	memset(D->keep, 0, H * sizeof(*D->keep));
+}
+
 static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 			  const float *q, float *out, cudaStream_t X)
 {
@@ -684,7 +690,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	if (!D->keep && !(D->keep = calloc(H, sizeof(*D->keep))))
 		return -ENOMEM;
 	if (D->epoch != s->dev_epoch) {
-		memset(D->keep, 0, H * sizeof(*D->keep));
+		keep_forget(D, H);
 		D->epoch = s->dev_epoch;
 	}
 
@@ -718,7 +724,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	if (vneed > D->vstride) {
 		/* Rows move: every view is written again. */
 		D->vstride = vneed + vneed / 8 + 8;
-		memset(D->keep, 0, H * sizeof(*D->keep));
+		keep_forget(D, H);
 	}
 	struct wplan wp;
 	memset(&wp, 0, sizeof wp);
@@ -777,7 +783,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		D->dreg = nd;
 		D->cap = nc;
 		fresh = 1;
-		memset(D->keep, 0, H * sizeof(*D->keep)); /* both are new */
+		keep_forget(D, H); /* both are new */
 	}
 
 	/* 3. Fill it: items and views, head by head; D->keep as it goes. */
@@ -1004,7 +1010,7 @@ fail:
 	if (rc && w)
 		D->wcount = 0; /* rewritten in full by the next attend */
 	if (rc)
-		memset(D->keep, 0, H * sizeof(*D->keep)); /* and every view */
+		keep_forget(D, H); /* and every view */
 	if (copied) {
 		/* Whatever was queued reads the staging and the copies: the
 		 * next attend must wait for it. */
