@@ -3587,28 +3587,44 @@ __device__ __forceinline__ uint32_t take_bit(uint32_t wd, uint32_t bit, uint32_t
  * groups past nch write zeros): straight-line code the compiler may
  * interleave; a test per group made each group its own basic block, so
  * the chains ran one after another (cuobjdump, tenth session). */
+/* Start indices of the bitmap words' values: base[i] = set bits in words
+ * below i (the first (NG + 3) / 4 words: NG groups of 8 channels). */
+template <int NG>
+__device__ __forceinline__ void expand_bases(const uint32_t (&bm)[4], uint32_t (&base)[4])
+{
+	base[0] = 0;
+#pragma unroll
+	for (int i = 1; i < 4; i++)
+		base[i] = base[i - 1] + (i - 1 < (NG + 3) / 4 ? __popc(bm[i - 1]) : 0u);
+}
+
+/* Group @gi (channels 8 gi .. 8 gi + 7) of a row: its values from shared
+ * @src at its start index, zeros where @bm has no bit, to shared @dst. */
+__device__ __forceinline__ void expand_group(uint32_t src, uint32_t dst, const uint32_t (&bm)[4],
+					     const uint32_t (&base)[4], int gi)
+{
+	const int sh = (gi & 3) * 8;
+	const uint32_t wd = bm[gi >> 2];
+	uint32_t p = src + 2 * (base[gi >> 2] + __popc(wd & ((1u << sh) - 1u)));
+	uint32_t v[8];
+#pragma unroll
+	for (int e = 0; e < 8; e++)
+		v[e] = take_bit(wd, 1u << (sh + e), p);
+	sts128(dst + 16 * gi, __byte_perm(v[0], v[1], 0x5410), __byte_perm(v[2], v[3], 0x5410),
+	       __byte_perm(v[4], v[5], 0x5410), __byte_perm(v[6], v[7], 0x5410));
+}
+
 template <int NG, bool FIXED>
 __device__ __forceinline__ void expand_direct(uint32_t src, uint32_t dst, const uint32_t (&bm)[4],
 					      uint32_t nch)
 {
 	uint32_t base[4];
-	base[0] = 0;
-#pragma unroll
-	for (int i = 1; i < 4; i++)
-		base[i] = base[i - 1] + (i - 1 < (NG + 3) / 4 ? __popc(bm[i - 1]) : 0u);
+	expand_bases<NG>(bm, base);
 #pragma unroll
 	for (int gi = 0; gi < NG; gi++) {
 		if (!FIXED && (uint32_t)gi * 8 >= nch)
 			continue;
-		const int sh = (gi & 3) * 8;
-		const uint32_t wd = bm[gi >> 2];
-		uint32_t p = src + 2 * (base[gi >> 2] + __popc(wd & ((1u << sh) - 1u)));
-		uint32_t v[8];
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			v[e] = take_bit(wd, 1u << (sh + e), p);
-		sts128(dst + 16 * gi, __byte_perm(v[0], v[1], 0x5410), __byte_perm(v[2], v[3], 0x5410),
-		       __byte_perm(v[4], v[5], 0x5410), __byte_perm(v[6], v[7], 0x5410));
+		expand_group(src, dst, bm, base, gi);
 	}
 }
 
@@ -3635,22 +3651,10 @@ __device__ __forceinline__ void expand_inplace(uint32_t row, const uint32_t (&bm
 	uint32_t src;
 	asm volatile("mov.u32 %0, %1;" : "=r"(src) : "r"(row) : "memory");
 	uint32_t base[4];
-	base[0] = 0;
+	expand_bases<NG>(bm, base);
 #pragma unroll
-	for (int i = 1; i < 4; i++)
-		base[i] = base[i - 1] + (i - 1 < (NG + 3) / 4 ? __popc(bm[i - 1]) : 0u);
-#pragma unroll
-	for (int gi = NG - 1; gi >= 0; gi--) {
-		const int sh = (gi & 3) * 8;
-		const uint32_t wd = bm[gi >> 2];
-		uint32_t p = src + 2 * (base[gi >> 2] + __popc(wd & ((1u << sh) - 1u)));
-		uint32_t v[8];
-#pragma unroll
-		for (int e = 0; e < 8; e++)
-			v[e] = take_bit(wd, 1u << (sh + e), p);
-		sts128(row + 16 * gi, __byte_perm(v[0], v[1], 0x5410), __byte_perm(v[2], v[3], 0x5410),
-		       __byte_perm(v[4], v[5], 0x5410), __byte_perm(v[6], v[7], 0x5410));
-	}
+	for (int gi = NG - 1; gi >= 0; gi--)
+		expand_group(src, row, bm, base, gi);
 }
 
 /* The r values of a staged row as fp16 at shared @dst (quantized: the
