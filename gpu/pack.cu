@@ -168,77 +168,228 @@ __device__ __forceinline__ void pack_out(const struct pack_job &J, size_t tok, c
 	pack_write(J, tok, W, kidx, xr, lane, qsh);
 }
 
-/* One warp per token.  Matches encode_select/pack_vector of segment.c. */
+/*
+ * The energy of this lane's channels c = lane + 32 k as ordered integers:
+ * at a group's lead channel Σ_t x'(c+t)² in the CPU's order (t sequential),
+ * elsewhere and past d_keep 0, which no candidate (>= 1) of pack_keep
+ * counts; a negative NaN is clamped so that its signed count holds.
+ */
+template <bool G1>
+__device__ __forceinline__ void pack_energies(const float (&xr)[4], uint32_t dk, uint32_t g,
+					      int lane, uint32_t (&eb)[4])
+{
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		float e;
+		if (G1) {
+			e = __fmul_rn(xr[k], xr[k]);
+		} else {
+			int ld = lane & ~(int)(g - 1);
+			e = 0.0f;
+			for (uint32_t tt = 0; tt < g; tt++) {
+				float v = __shfl_sync(0xffffffffu, xr[k], ld + (int)tt);
+				e = __fadd_rn(e, __fmul_rn(v, v));
+			}
+		}
+		eb[k] = c < dk && (c % g) == 0 ? min(__float_as_uint(e), 0x7fffffffu) : 0u;
+	}
+}
+
+/*
+ * The kept groups of one vector (keep[k]: this lane's channel lane + 32 k
+ * leads a kept group): the kg largest energies, ties to the lower group
+ * index as mkv_topk_mask.  T = the kg-th largest energy, the largest value
+ * with >= kg at or above it, by a bitwise radix search (energies are
+ * non-negative, so their bits order them).  Stop as soon as exactly kg lie
+ * at or above a prefix: the final T is >= it, so the same kg are at or
+ * above the final T and no tie is left to break (with distinct energies
+ * that happens after ~13 of the 31 bits on the bench's data).  A lane
+ * counts its channels at or above cand by the sign of cand - 1 - e (both
+ * below 2^31).  KN: the k that can hold a channel (dk <= 32 KN).
+ */
+template <int KN>
+__device__ __forceinline__ void pack_keep(const uint32_t (&eb)[4], uint32_t dk, uint32_t g,
+					  uint32_t kg, int lane, bool (&keep)[4])
+{
+	uint32_t T = 0;
+	bool exact = false;
+	for (int bit = 30; bit >= 0; bit--) {
+		uint32_t cand = T | (1u << bit), n = 0;
+#pragma unroll
+		for (int k = 0; k < KN; k++)
+			n += (cand - 1u - eb[k]) >> 31;
+		uint32_t cnt = __reduce_add_sync(0xffffffffu, n);
+		if (cnt >= kg) {
+			T = cand;
+			if (cnt == kg) { /* warp-uniform */
+				exact = true;
+				break;
+			}
+		}
+	}
+	/* kept: at or above T, and of the ties at T the first ones in (k,
+	 * lane) order (none left to break when exact) */
+	uint32_t ties_left = 0, tie_before = 0;
+	if (!exact) {
+		uint32_t ngt = 0;
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			ngt += __popc(__ballot_sync(0xffffffffu, eb[k] > T));
+		ties_left = kg - ngt;
+	}
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		bool lead = lane + 32 * k < dk && ((lane + 32 * k) % g) == 0;
+		if (exact) {
+			keep[k] = lead && eb[k] >= T;
+		} else {
+			uint32_t tb = __ballot_sync(0xffffffffu, lead && eb[k] == T);
+			keep[k] = lead && (eb[k] > T ||
+					   (eb[k] == T &&
+					    tie_before + __popc(tb & ((1u << lane) - 1u)) < ties_left));
+			tie_before += __popc(tb);
+		}
+	}
+}
+
+/*
+ * Token @tok's bitmap and row from pack_keep's flags: for g == 1 the bitmap
+ * words are the flags' ballots and a value's index the kept channels
+ * before it; otherwise through @selsh (this warp's GPU_MAX_D flags, one a
+ * group) and pack_out.
+ */
+__device__ __forceinline__ void pack_emit(const struct pack_job &J, size_t tok, uint32_t g,
+					  const bool (&keep)[4], const float (&xr)[4], int lane,
+					  uint8_t *selsh, uint8_t *qsh)
+{
+	if (g == 1) {
+		uint32_t W[4];
+		int kidx[4];
+		uint32_t before = 0, lt = (1u << lane) - 1u;
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			W[k] = __ballot_sync(0xffffffffu, keep[k]);
+			kidx[k] = keep[k] ? (int)(before + __popc(W[k] & lt)) : -1;
+			before += __popc(W[k]);
+		}
+		pack_write(J, tok, W, kidx, xr, lane, qsh);
+		return;
+	}
+	__syncwarp(); /* the previous vector's pack_out has read selsh */
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		uint32_t c = lane + 32 * k;
+		if (c < J.dk && (c % g) == 0)
+			selsh[c / g] = keep[k];
+	}
+	__syncwarp();
+	pack_out(J, tok, selsh, xr, lane, qsh);
+}
+
+/*
+ * Rotated channels c < dk of the CTA's nt <= 4 tokens (xsh, d floats each)
+ * into xrsh: x Rᵀ (+ x Cᵀ), a warp a channel at a time with the lanes
+ * splitting the d products (4 each), so that R's and C's rows are read
+ * once by the CTA, coalesced, for all its tokens, U rows in flight a warp.
+ * It was a lane a channel, each lane's row read alone (d / 8 + d / 4
+ * dependent loads): a decode step's one-token append ran 16 warps on the
+ * whole device, 46 µs a layer at 1M tokens on the H200 (ncu, twenty-fourth
+ * session).  The order of the sums differs from the CPU's (cblas) as
+ * before.
+ */
+template <int U>
+__device__ __forceinline__ void pack_project(const struct pack_job &J, uint32_t d, uint32_t nt,
+					     const float (*xsh)[GPU_MAX_D], float (*xrsh)[GPU_MAX_D],
+					     int w, int lane)
+{
+	const uint32_t dk = J.dk, j0 = 4 * (uint32_t)lane;
+	const bool on = j0 < d; /* d 64: lanes 16..31 hold no products */
+	float x[4][4];
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			x[i][e] = on && (uint32_t)i < nt ? xsh[i][j0 + e] : 0.0f;
+	for (uint32_t c0 = (uint32_t)w; c0 < dk; c0 += 4 * U) {
+		uint2 rv[U];
+		float4 cv[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			uint32_t c = c0 + 4 * u;
+			bool ok = on && c < dk;
+			rv[u] = ok ? __ldg((const uint2 *)(J.R + (size_t)c * d + j0)) : make_uint2(0, 0);
+			cv[u] = ok && J.C ? __ldg((const float4 *)(J.C + (size_t)c * d + j0))
+					  : make_float4(0.f, 0.f, 0.f, 0.f);
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			uint32_t c = c0 + 4 * u;
+			float p[4] = {bf_lo(rv[u].x) + cv[u].x, bf_hi(rv[u].x) + cv[u].y,
+				      bf_lo(rv[u].y) + cv[u].z, bf_hi(rv[u].y) + cv[u].w};
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				if ((uint32_t)i >= nt)
+					break;
+				float s = p[0] * x[i][0];
+				s = fmaf(p[1], x[i][1], s);
+				s = fmaf(p[2], x[i][2], s);
+				s = fmaf(p[3], x[i][3], s);
+				s = warp_sum(s);
+				if (lane == 0 && c < dk)
+					xrsh[i][c] = s;
+			}
+		}
+	}
+}
+
+/* One warp per token after the CTA's shared projection.  Matches
+ * encode_select/pack_vector of segment.c. */
 __global__ void __launch_bounds__(128) k_pack(const struct pack_job *jobs, uint32_t d)
 {
 	__shared__ __align__(16) float xsh[4][GPU_MAX_D];
-	__shared__ float esh[4][GPU_MAX_D];
+	__shared__ float xrsh[4][GPU_MAX_D];
 	__shared__ uint8_t selsh[4][GPU_MAX_D];
 	__shared__ uint8_t qsh[4][GPU_MAX_D];
 	const struct pack_job &J = jobs[blockIdx.y];
 	int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	uint32_t t = blockIdx.x * 4 + w;
+	const uint32_t tb = blockIdx.x * 4;
+	if (tb >= J.ntok)
+		return; /* CTA-uniform: before the barriers */
+	const uint32_t nt = min(4u, J.ntok - tb);
+	/* R's and C's rows into L2 at once: pack_project's rounds then wait
+	 * on L2, not each on DRAM */
+	{
+		const size_t rb = (size_t)J.dk * d * 2, cb = J.C ? (size_t)J.dk * d * 4 : 0;
+		for (size_t o = (size_t)threadIdx.x * 128; o < rb + cb; o += (size_t)blockDim.x * 128) {
+			const char *a = o < rb ? (const char *)J.R + o : (const char *)J.C + (o - rb);
+			asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+		}
+	}
+	const uint16_t *xb = J.x + (size_t)tb * d;
+	for (uint32_t i = threadIdx.x; i < nt * d; i += blockDim.x)
+		xsh[i / d][i % d] = bf1(xb[i]);
+	__syncthreads();
+	pack_project<8>(J, d, nt, xsh, xrsh, w, lane);
+	__syncthreads();
+	const uint32_t t = tb + (uint32_t)w;
 	if (t >= J.ntok)
-		return; /* warp-uniform */
-	const uint16_t *x = J.x + (size_t)t * d;
-	for (uint32_t j = lane; j < d; j += 32)
-		xsh[w][j] = bf1(x[j]);
-	__syncwarp();
-	uint32_t dk = J.dk, g = J.g, ng = dk / g, kg = J.r / g;
+		return; /* warp-uniform, past the last barrier */
+	uint32_t dk = J.dk, g = J.g, kg = J.r / g;
 	float xr[4];
 #pragma unroll
 	for (int k = 0; k < 4; k++) {
 		uint32_t c = lane + 32 * k;
-		float s = 0.0f;
-		if (c < dk) {
-			const uint4 *row = (const uint4 *)(J.R + (size_t)c * d);
-			for (uint32_t j8 = 0; j8 < d / 8; j8++) {
-				float rv[8];
-				unpack8(__ldg(row + j8), rv);
-#pragma unroll
-				for (int e = 0; e < 8; e++)
-					s = fmaf(rv[e], xsh[w][j8 * 8 + e], s);
-			}
-			if (J.C) { /* x Pᵀ = x Rᵀ + x Cᵀ: the CPU encoder's projection */
-				const float4 *crow = (const float4 *)(J.C + (size_t)c * d);
-				float sc = 0.0f;
-				for (uint32_t j4 = 0; j4 < d / 4; j4++) {
-					float4 cv = __ldg(crow + j4);
-					sc = fmaf(cv.x, xsh[w][j4 * 4], sc);
-					sc = fmaf(cv.y, xsh[w][j4 * 4 + 1], sc);
-					sc = fmaf(cv.z, xsh[w][j4 * 4 + 2], sc);
-					sc = fmaf(cv.w, xsh[w][j4 * 4 + 3], sc);
-				}
-				s += sc;
-			}
-		}
-		xr[k] = s;
+		xr[k] = c < dk ? xrsh[w][c] : 0.0f;
 	}
-	/* group energies in the CPU's order: Σ_t x'(jg+t)² sequentially */
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		uint32_t c = lane + 32 * k;
-		int lead = lane & ~(int)(g - 1);
-		float e = 0.0f;
-		for (uint32_t tt = 0; tt < g; tt++) {
-			float v = __shfl_sync(0xffffffffu, xr[k], lead + (int)tt);
-			e = __fadd_rn(e, __fmul_rn(v, v));
-		}
-		if (c < dk && (c % g) == 0)
-			esh[w][c / g] = e;
-	}
-	__syncwarp();
-	for (uint32_t j = lane; j < ng; j += 32) {
-		float ej = esh[w][j];
-		uint32_t rank = 0;
-		for (uint32_t i = 0; i < ng; i++) {
-			float ei = esh[w][i];
-			rank += (ei > ej) || (ei == ej && i < j);
-		}
-		selsh[w][j] = rank < kg;
-	}
-	__syncwarp();
-	pack_out(J, (size_t)J.tok0 + t, selsh[w], xr, lane, qsh[w]);
+	uint32_t eb[4];
+	bool keep[4];
+	if (g == 1)
+		pack_energies<true>(xr, dk, 1, lane, eb);
+	else
+		pack_energies<false>(xr, dk, g, lane, eb);
+	pack_keep<4>(eb, dk, g, kg, lane, keep);
+	pack_emit(J, (size_t)J.tok0 + t, g, keep, xr, lane, selsh[w], qsh[w]);
 #pragma unroll
 	for (int k = 0; k < 4; k++) {
 		uint32_t c = lane + 32 * k;
@@ -363,99 +514,11 @@ __global__ void __launch_bounds__(128) k_pack_rot(const __grid_constant__ struct
 		}
 		if (t + 1 < t1)
 			issue(t + 1);
-		/* energies as ordered integers; groups' other lanes and channels
-		 * past d_keep hold 0, which no candidate (>= 1) counts; a
-		 * negative NaN is clamped so that the signed count below holds */
 		uint32_t eb[4];
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			uint32_t c = lane + 32 * k;
-			float e;
-			if (G1) {
-				e = __fmul_rn(xr[k], xr[k]);
-			} else { /* the CPU's order: Σ_t x'(jg+t)² sequentially */
-				int ld = lane & ~(int)(g - 1);
-				e = 0.0f;
-				for (uint32_t tt = 0; tt < g; tt++) {
-					float v = __shfl_sync(0xffffffffu, xr[k], ld + (int)tt);
-					e = __fadd_rn(e, __fmul_rn(v, v));
-				}
-			}
-			eb[k] = c < dk && (c % g) == 0 ? min(__float_as_uint(e), 0x7fffffffu) : 0u;
-		}
-		/*
-		 * T = the kg-th largest energy: the largest value with >= kg at
-		 * or above.  Stop as soon as exactly kg lie at or above a prefix:
-		 * the final T is >= it, so the same kg are at or above the final T
-		 * and no tie is left to break (with distinct energies that
-		 * happens after ~13 of the 31 bits on the bench's data).  A lane
-		 * counts its channels at or above cand by the sign of cand - 1 -
-		 * e (both below 2^31).
-		 */
-		uint32_t T = 0;
-		bool exact = false;
-		for (int bit = 30; bit >= 0; bit--) {
-			uint32_t cand = T | (1u << bit), n = 0;
-#pragma unroll
-			for (int k = 0; k < KN; k++)
-				n += (cand - 1u - eb[k]) >> 31;
-			uint32_t cnt = __reduce_add_sync(0xffffffffu, n);
-			if (cnt >= kg) {
-				T = cand;
-				if (cnt == kg) { /* warp-uniform */
-					exact = true;
-					break;
-				}
-			}
-		}
-		/* kept: at or above T, and of the ties at T the first ones in
-		 * (k, lane) order (none left to break when exact) */
 		bool keep[4];
-		uint32_t ties_left = 0, tie_before = 0;
-		if (!exact) {
-			uint32_t ngt = 0;
-#pragma unroll
-			for (int k = 0; k < 4; k++)
-				ngt += __popc(__ballot_sync(0xffffffffu, eb[k] > T));
-			ties_left = kg - ngt;
-		}
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			bool lead = lane + 32 * k < dk && ((lane + 32 * k) % g) == 0;
-			if (exact) {
-				keep[k] = lead && eb[k] >= T;
-			} else {
-				uint32_t tb = __ballot_sync(0xffffffffu, lead && eb[k] == T);
-				keep[k] = lead && (eb[k] > T ||
-						   (eb[k] == T &&
-						    tie_before + __popc(tb & ((1u << lane) - 1u)) < ties_left));
-				tie_before += __popc(tb);
-			}
-		}
-		if (G1) {
-			/* the bitmap words are the kept flags' ballots; a value's
-			 * index the kept channels before it */
-			uint32_t W[4];
-			int kidx[4];
-			uint32_t before = 0, lt = (1u << lane) - 1u;
-#pragma unroll
-			for (int k = 0; k < 4; k++) {
-				W[k] = __ballot_sync(0xffffffffu, keep[k]);
-				kidx[k] = keep[k] ? (int)(before + __popc(W[k] & lt)) : -1;
-				before += __popc(W[k]);
-			}
-			pack_write(J, t, W, kidx, xr, lane, qsh[w]);
-		} else {
-			__syncwarp(); /* the previous vector's pack_out has read selsh */
-#pragma unroll
-			for (int k = 0; k < 4; k++) {
-				uint32_t c = lane + 32 * k;
-				if (c < dk && (c % g) == 0)
-					selsh[w][c / g] = keep[k];
-			}
-			__syncwarp();
-			pack_out(J, t, selsh[w], xr, lane, qsh[w]);
-		}
+		pack_energies<G1>(xr, dk, g, lane, eb);
+		pack_keep<KN>(eb, dk, g, kg, lane, keep);
+		pack_emit(J, t, g, keep, xr, lane, selsh[w], qsh[w]);
 		if (sums) {
 #pragma unroll
 			for (int k = 0; k < 4; k++)
