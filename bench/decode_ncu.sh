@@ -5,7 +5,8 @@
 # step leaves them (--cache-control none: the attention kernel's L2
 # prefetch of R_v is what k_segrot reads) and the clocks as found.  Prints
 # per kernel name: launches, total and mean duration, DRAM bytes read,
-# warp instructions; then the sum per (layer, step).
+# warp instructions; then the sum of the means (a layer's step, where each
+# kernel runs once a layer and step).
 # Run from the repository root on the GPU machine after `. .devdeps/env.sh`;
 # builds bench/decode in $B if it is not there.  Knobs: DECODE_ARGS (default
 # 4 layers at 1M tokens, 2 + 2 timed tokens after 1 warm-up), NCU_N (how many
@@ -58,4 +59,5 @@ for r in rows[2:]:
 print("%-28s %6s %10s %9s %10s %12s" % ("kernel", "n", "total_us", "mean_us", "MB_read", "warp_inst"))
 for k, (n, t, b, i) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
     print("%-28s %6d %10.1f %9.2f %10.1f %12.0f" % (k[:28], n, t, t / n, b / 1e6, i))
+print("sum of the means: %.1f us" % sum(t / n for n, t, b, i in agg.values()))
 EOF
