@@ -10,7 +10,7 @@
 # Run from the repository root on the GPU machine after `. .devdeps/env.sh`;
 # builds bench/decode in $B if it is not there.  Knobs: DECODE_ARGS (default
 # 4 layers at 1M tokens, 2 + 2 timed tokens after 1 warm-up), NCU_N (how many
-# launches to profile), NCU_T (timeout, s).
+# launches to profile), NCU_T (timeout, s), NCU_SUM=0 (skip this table).
 set -u
 OUT=${OUT:-out}
 B=${B:-/tmp/bd}
@@ -22,6 +22,7 @@ if [ ! -x $B/bench/decode ]; then
 fi
 ARGS=${DECODE_ARGS:---layers 4 --context 1048576 --tokens 2 --warmup 1 --workers 14 --host-gib 16}
 KRE=${NCU_KRE:-^k_}
+if [ "${NCU_SUM:-1}" = 1 ]; then
 # shellcheck disable=SC2086
 timeout ${NCU_T:-420} ncu --clock-control none --cache-control none \
   --kernel-name-base function --kernel-name regex:"$KRE" --launch-count ${NCU_N:-600} \
@@ -61,3 +62,46 @@ for k, (n, t, b, i) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
     print("%-28s %6d %10.1f %9.2f %10.1f %12.0f" % (k[:28], n, t, t / n, b / 1e6, i))
 print("sum of the means: %.1f us" % sum(t / n for n, t, b, i in agg.values()))
 EOF
+fi
+# NCU_SRC=regex (optional): a second pass over at most NCU_SRC_N (default 4)
+# launches of the kernels it names, with the stall sections and the SASS
+# source counters: the summary lines, then per kernel the SASS lines with
+# the most warp stall samples (src_*.csv keeps them all).
+if [ -n "${NCU_SRC:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout ${NCU_T:-420} ncu --clock-control none --cache-control none \
+    --kernel-name-base function --kernel-name regex:"$NCU_SRC" \
+    --launch-skip ${NCU_SRC_SKIP:-40} --launch-count ${NCU_SRC_N:-4} \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
+    -o "$OUT/src" -f $B/bench/decode $ARGS > "$OUT/ncu_src_run.log" 2>&1
+  echo "ncu (source) rc=$?"
+  ncu -i "$OUT/src.ncu-rep" > "$OUT/ncu_src.txt" 2>&1
+  grep -E "^  k_|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Dynamic Shared|Static Shared|DRAM Throughput|Memory Throughput|Waves Per SM" \
+    "$OUT/ncu_src.txt" | head -80
+  ncu -i "$OUT/src.ncu-rep" --page source --csv --print-source sass > "$OUT/src.csv" 2>&1
+  rm -f "$OUT/src.ncu-rep"
+  python3 - "$OUT/src.csv" <<'PYEOF'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+# one table per profiled launch: a header row starts each
+tabs, cur = [], None
+for r in rows:
+    if r and any(c.startswith("Warp Stall Sampling (All") for c in r):
+        cur = [r]; tabs.append(cur)
+    elif cur is not None and r:
+        cur.append(r)
+for n, t in enumerate(tabs):
+    h = t[0]
+    si = [i for i, c in enumerate(h) if c.startswith("Warp Stall Sampling (All")][0]
+    src = h.index("Source") if "Source" in h else 1
+    def num(x):
+        try: return float(x.replace(",", ""))
+        except ValueError: return 0.0
+    body = [r for r in t[1:] if len(r) > si]
+    tot = sum(num(r[si]) for r in body) or 1.0
+    print("launch %d: %d SASS lines, %d stall samples" % (n, len(body), tot))
+    for r in sorted(body, key=lambda r: -num(r[si]))[:25]:
+        print("  %5.1f%%  %s" % (100 * num(r[si]) / tot, r[src][:110]))
+PYEOF
+fi
