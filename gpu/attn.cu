@@ -2416,9 +2416,26 @@ static __device__ __forceinline__ void rotate_back(const uint16_t *rv, const flo
  * (reductions, nothing waited for).
  */
 struct seg_note {
-	uint32_t *note; /* SEGNOTE of the segment */
+	uint32_t *note; /* SEGNOTE of the segment; NULL: the CTA holds the
+			 * whole segment (seg_whole) and rotates back itself */
 	uint32_t x;     /* this CTA's slot */
 };
+
+/*
+ * Whether one work chunk (1 << @cwl blocks, aligned to the segment's
+ * start) holds every block of @sg (@buf: the update buffer, whose blocks
+ * count from n).  Its one CTA then rotates its state back itself and
+ * k_segrot leaves the segment alone: with 4,096-token segments at 1M
+ * tokens (the serving defaults, windows of 256 blocks) that is every
+ * segment, and k_segrot's second read of each R_v (the attention CTA
+ * had prefetched it into L2 for k_segrot; ncu saw k_segrot read 72 MB
+ * from DRAM a layer anyway) and its launch go.
+ */
+__device__ __forceinline__ bool seg_whole(const struct gpu_seg &sg, bool buf, uint32_t cwl)
+{
+	const uint32_t nb = buf ? (sg.n + sg.b - 1) / sg.b : sg.n_blocks;
+	return nb <= (1u << cwl);
+}
 
 /*
  * The end of a PackedAttention CTA: the warps' accumulators (sacc, [warp][head]
@@ -2435,6 +2452,8 @@ static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const
 						 const struct seg_note *N = NULL)
 {
 	uint32_t vdk = sg.v_dk;
+	if (N && !N->note)
+		N = NULL; /* the whole segment: rotate back here */
 	__syncthreads();
 	/* R_v into shared memory by cp.async (L2, prefetched), in flight while
 	 * the warps' states merge (a load-then-store loop waited one L2 round
@@ -4160,9 +4179,13 @@ __global__ void __launch_bounds__(128, SMALL ? 4 : 3)
 				    &list, &si, &b0, &cnt))
 		return;
 	const struct gpu_seg sg = *sgp;
-	/* the chunk's state stays rotated: k_segrot rotates back, R_v into L2
-	 * for it meanwhile */
-	const struct seg_note J = {SEGNOTE(ws, L, gridDim.y, hi, si), x};
+	/* the chunk's state stays rotated (k_segrot rotates back), unless the
+	 * CTA holds the whole segment (seg_whole: tc_finish rotates); R_v into
+	 * L2 meanwhile, for whichever reads it */
+	const struct seg_note J = {seg_whole(sg, si == H->nseg, L.cwl)
+					   ? (uint32_t *)NULL
+					   : SEGNOTE(ws, L, gridDim.y, hi, si),
+				   x};
 	/* a line a thread, not a line a lane of every warp (4x the prefetches:
 	 * 2.6 % of the stall samples at 1M) */
 	for (uint32_t o = threadIdx.x * 128; o < sg.v_dk * D * 2; o += blockDim.x * 128)
@@ -4259,6 +4282,8 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 	const struct gpu_head *H = &heads[hi];
 	uint32_t nseg = H->nseg;
 	const struct gpu_seg *sgp = si < nseg ? &H->segs[si] : si == nseg ? H->buf : NULL;
+	if (sgp && seg_whole(*sgp, si == nseg, L.cwl))
+		return; /* its attention CTA rotated it back */
 	uint32_t vdk = sgp ? sgp->v_dk : 0;
 	if (sgp)
 		cta_copy_async(rv, sgp->v_rot, vdk * D * 2);
@@ -5236,8 +5261,12 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 					    (int)smem));
 		GPU_CK(gpu_launch(pdl_of(a), attn, dim3(L.slots, a->n_heads), 128, smem, s, heads,
 				  a->q, scale2_of(a), (char *)a->ws, L, a->flags));
-		GPU_CK(gpu_launch(pdl_of(a), k_segrot<NQ, D>, dim3(a->max_segs + 1, a->n_heads), 128,
-				  0, s, heads, (char *)a->ws, L));
+		/* every segment in one chunk (seg_whole): nothing left for k_segrot */
+		const uint32_t cw = 1u << L.cwl;
+		if (!(a->max_seg_blocks && a->max_seg_blocks <= cw && a->max_buf_blocks <= cw))
+			GPU_CK(gpu_launch(pdl_of(a), k_segrot<NQ, D>,
+					  dim3(a->max_segs + 1, a->n_heads), 128, 0, s, heads,
+					  (char *)a->ws, L));
 	}
 	GPU_CK(gpu_launch(pdl_of(a), k_merge<D>, dim3(a->n_heads, NQ), MERGE_T, 0, s, (uint32_t)NQ,
 			  (char *)a->ws, L, a->out, (uint32_t)!!(a->flags & GPU_ATTN_MERGE_ALL)));

@@ -151,6 +151,12 @@ struct gpu_attn_args {
 	void *ws;           /* scratch */
 	size_t ws_bytes;
 	uint32_t flags;     /* GPU_ATTN_* */
+	/* >= every head's segments' n_blocks, or 0 (not known).  Where it
+	 * and max_buf_blocks fit one work chunk, PackedAttention's CTAs rotate
+	 * their segments back themselves and k_segrot is not launched; a
+	 * segment larger than promised then stays rotated (a wrong output, no
+	 * bad access). */
+	uint32_t max_seg_blocks;
 };
 
 /* PackedAttention on CUDA cores only (the first version; kept to compare):

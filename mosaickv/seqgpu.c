@@ -78,6 +78,7 @@ struct vkeep {
 	uint32_t seg, views, blocks;
 	uint64_t tokens;
 	int small;        /* every kept view keeps GPU_ATTN_SMALL_ROWS' promise */
+	uint32_t maxb;    /* the kept views' largest n_blocks */
 };
 
 struct dlayer {
@@ -796,7 +797,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	if (nitems && !ix)
 		return -ENOMEM;
 	size_t it = 0;
-	uint32_t max_segs = 0, max_blocks = 0;
+	uint32_t max_segs = 0, max_blocks = 0, max_segb = 0;
 	uint32_t col0 = D->vstride, col1 = 0; /* the view columns written */
 	int small = 1; /* every view keeps GPU_ATTN_SMALL_ROWS' promise */
 	for (uint32_t h = 0; h < H; h++) {
@@ -806,6 +807,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		uint32_t nb = k.blocks, ns = k.views;
 		uint64_t nh = k.tokens;
 		int hsmall = k.views ? k.small : 1, growing = 1;
+		uint32_t hmaxb = k.views ? k.maxb : 0;
 		col0 = k.views < col0 ? k.views : col0;
 		for (size_t i = k.seg; i <= l->nsegs; i++) {
 			struct sref r;
@@ -849,11 +851,12 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 			vw.n_blocks = (use + vw.b - 1) / vw.b;
 			vw.block0 = nb;
 			hsmall &= gpu_seg_small_rows(&vw, d);
+			hmaxb = vw.n_blocks > hmaxb ? vw.n_blocks : hmaxb;
 			sv[ns++] = vw;
 			nb += vw.n_blocks;
 			nh += use;
 			if (growing && r.final && use == r.len)
-				k = (struct vkeep){(uint32_t)i + 1, ns, nb, nh, hsmall};
+				k = (struct vkeep){(uint32_t)i + 1, ns, nb, nh, hsmall, hmaxb};
 			else
 				growing = 0;
 		}
@@ -881,6 +884,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		hh[h] = gh;
 		max_segs = ns > max_segs ? ns : max_segs;
 		max_blocks = nb > max_blocks ? nb : max_blocks;
+		max_segb = hmaxb > max_segb ? hmaxb : max_segb;
 	}
 	/* Window rows [a, n) of every head, K then V. */
 	if (w && wp.m) {
@@ -909,6 +913,7 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	A.max_segs = max_segs;
 	A.max_blocks = max_blocks;
 	A.max_buf_blocks = 0;
+	A.max_seg_blocks = max_segb;
 	A.max_win = g->window;
 	A.quest_b = 0;
 	A.q = q;

@@ -21,6 +21,7 @@ static uint32_t g_flags; /* GPU_ATTN_* for the packed tests */
 static uint32_t g_pos;   /* segments given value positions (bit s: segment s) */
 static uint32_t g_sum8;  /* segments given 8-bit summaries (bit s: segment s) */
 static size_t g_seglen = 700; /* check_packed_rq's segments: g_seglen .. 2 g_seglen tokens */
+static int g_segb; /* check_packed_rq tells gpu_attn_args.max_seg_blocks */
 
 struct run {
 	uint32_t H, nq, d;
@@ -211,6 +212,11 @@ static void check_packed_rq(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, 
 	struct run r;
 	run_init(&r, &rng, H, nq, d, frac);
 	run_args(&r, nseg, maxb, win, 16);
+	if (g_segb)
+		for (uint32_t h = 0; h < H; h++)
+			for (uint32_t s = 0; s < nseg; s++)
+				if (c[h].segs[s].n_blocks > r.a.max_seg_blocks)
+					r.a.max_seg_blocks = c[h].segs[s].n_blocks;
 	upload_heads(&r, c);
 	int rc = gpu_attend_packed(&r.a, r.dheads, 0);
 	cr_assert_eq(rc, 0, "gpu_attend_packed: %d", rc);
@@ -376,6 +382,47 @@ Test(gpu, packed_chunk512_unstaged, .timeout = 120)
 	g_seglen = 30000;
 	g_flags = GPU_ATTN_WALK | GPU_ATTN_CHUNK_512;
 	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
+}
+
+/* Segments of one work chunk each (seg_whole: 700-1,400 tokens, at most
+ * 175 blocks, in chunks of 256), max_seg_blocks told: every attention CTA
+ * rotates its segment back and k_segrot is not launched (the decode's
+ * shape at 1M tokens: 4,096-token segments, chunks of 256 blocks), on the
+ * staged path in both layouts (the serving rows, 6-bit r = 82 of 128, in
+ * the general one), on the unstaged walk, and on CUDA cores.  (With the
+ * widths by shape, chunks of 64 blocks, the shorter segments of every
+ * other packed test also take this path, k_segrot the longer ones.) */
+Test(gpu, packed_whole_segments_q6_r82)
+{
+	g_segb = 1;
+	g_flags = GPU_ATTN_CHUNK_256;
+	check_packed_rq(128, 4, 1, 0, 16, 0.1, 37, 82, 6);
+}
+Test(gpu, packed_whole_segments_small_b8)
+{
+	g_segb = 1;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_256;
+	check_packed_rq(128, 8, 1, 1, 8, 0.2, 5, 32, 0);
+}
+Test(gpu, packed_whole_segments_walk)
+{
+	g_segb = 1;
+	g_flags = GPU_ATTN_WALK | GPU_ATTN_CHUNK_256;
+	check_packed_rq(64, 2, 2, 0, 16, 0.3, 0, 16, 0);
+}
+Test(gpu, packed_whole_segments_cuda_cores)
+{
+	g_segb = 1;
+	g_flags = GPU_ATTN_CUDA_CORES | GPU_ATTN_CHUNK_256;
+	check_packed_rq(128, 4, 1, 0, 16, 0.1, 9, 64, 0);
+}
+/* max_seg_blocks told but larger than a chunk: k_segrot runs */
+Test(gpu, packed_whole_segments_too_long, .timeout = 120)
+{
+	g_segb = 1;
+	g_seglen = 5000;
+	g_flags = GPU_ATTN_CHUNK_64;
+	check_packed_rq(128, 4, 1, 0, 16, 0.1, 37, 82, 6);
 }
 
 /* Work chunks of 64 and 128 blocks (GPU_ATTN_CHUNK_64 / _128; by shape
