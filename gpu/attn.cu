@@ -301,16 +301,22 @@ __host__ __device__ constexpr uint32_t q8_words(uint32_t S, uint32_t P)
 }
 
 /* Windows of 1 << @cwl blocks in the segments before segment @si (all of
- * them for si = nseg); one warp, every lane gets the sum. */
-__device__ uint32_t wins_before(const struct gpu_head *H, uint32_t si, uint32_t cwl)
+ * them for si = nseg), counted by every thread of the CTA, a segment each
+ * (one round trip for up to blockDim.x segments); each warp's sum into
+ * @wpart[warp] (the caller adds them after a barrier). */
+__device__ void wins_before_cta(const struct gpu_head *H, uint32_t si, uint32_t cwl,
+				uint32_t *wpart)
 {
-	uint32_t part = 0;
-	for (uint32_t t = threadIdx.x & 31; t < si && t < H->nseg; t += 32)
-		part += (H->segs[t].n_blocks + (1u << cwl) - 1) >> cwl;
+	const struct gpu_seg *segs = H->segs;
+	const uint32_t nseg = H->nseg;
+	uint32_t wn = 0;
+	for (uint32_t t = threadIdx.x; t < si && t < nseg; t += blockDim.x)
+		wn += (segs[t].n_blocks + (1u << cwl) - 1) >> cwl;
 #pragma unroll
 	for (int o = 16; o > 0; o >>= 1)
-		part += __shfl_xor_sync(0xffffffffu, part, o);
-	return part;
+		wn += __shfl_xor_sync(0xffffffffu, wn, o);
+	if ((threadIdx.x & 31) == 0)
+		wpart[threadIdx.x >> 5] = wn;
 }
 
 /* CUT: the step leaves only the cut (L.cut_only), so qrot also writes the
@@ -327,6 +333,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	__shared__ __align__(16) uint16_t Rs[GPU_MAX_D * QROT_LD];
 	__shared__ __align__(16) float qsm[GPU_MAX_D * 8]; /* [j][h] */
 	__shared__ float qrs[GPU_MAX_D * 8];                /* q'[c][h] */
+	__shared__ uint32_t wpart[256 / 32];
 	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t si = blockIdx.x, nseg = H->nseg;
 	const struct gpu_seg *sg;
@@ -335,10 +342,15 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	} else if (si == nseg && H->buf) {
 		sg = H->buf;
 	} else {
-		if (CUT && si == nseg && threadIdx.x < 32) { /* no buffer: the count */
-			uint32_t n = wins_before(H, si, L.cwl);
-			if (threadIdx.x == 0)
+		if (CUT && si == nseg) { /* no buffer: the count (CTA-uniform) */
+			wins_before_cta(H, si, L.cwl, wpart);
+			__syncthreads();
+			if (threadIdx.x == 0) {
+				uint32_t n = 0;
+				for (uint32_t w = 0; w < blockDim.x / 32; w++)
+					n += wpart[w];
 				WSP(uint32_t, L, wdesc, ws, blockIdx.y)[L.max_chunks] = n;
+			}
 		}
 		return;
 	}
@@ -355,14 +367,38 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	asm volatile("cp.async.commit_group;");
 	constexpr int P = NQP(NQ);
 	const float *qh = q + (size_t)blockIdx.y * NQ * d;
-	for (uint32_t i = threadIdx.x; i < NQ * d; i += blockDim.x)
-		qsm[(i % d) * 8 + i / d] = qh[i];
 	/* the window table (wdesc, for the attention kernel): segment si's
 	 * windows of 1 << cwl blocks come after those of the segments before
-	 * it (summed and written by warp 1 while the rotation arrives); CTA
-	 * nseg writes the count at [max_chunks] */
+	 * it, counted by every thread (a segment each, all loads in one round
+	 * trip while the rotation arrives: warp 1 alone, 32 segments a round
+	 * trip, held the CTA's barrier, 33 % of k_qrot's stall samples at 1M
+	 * tokens in 4,096-token segments) and written by warp 1 after the
+	 * barrier; CTA nseg writes the count at [max_chunks] */
+	{
+		/* the query's loads first, then the segments' (both in flight
+		 * together), then the stores */
+		constexpr int QN = (NQ * GPU_MAX_D + 255) / 256;
+		float qv[QN];
+#pragma unroll
+		for (int e = 0; e < QN; e++) {
+			uint32_t i = threadIdx.x + 256 * e;
+			qv[e] = i < NQ * d ? qh[i] : 0.0f;
+		}
+		if (CUT)
+			wins_before_cta(H, si, L.cwl, wpart);
+#pragma unroll
+		for (int e = 0; e < QN; e++) {
+			uint32_t i = threadIdx.x + 256 * e;
+			if (i < NQ * d)
+				qsm[(i % d) * 8 + i / d] = qv[e];
+		}
+	}
+	asm volatile("cp.async.wait_group 0;" ::: "memory");
+	__syncthreads();
 	if (CUT && threadIdx.x >= 32 && threadIdx.x < 64) {
-		uint32_t n = wins_before(H, si, L.cwl), lane = threadIdx.x & 31;
+		uint32_t n = 0, lane = threadIdx.x & 31;
+		for (uint32_t w = 0; w < blockDim.x / 32; w++)
+			n += wpart[w];
 		uint32_t *wd = WSP(uint32_t, L, wdesc, ws, blockIdx.y);
 		if (si < nseg) {
 			uint32_t nw = (sg->n_blocks + (1u << L.cwl) - 1) >> L.cwl;
@@ -372,8 +408,6 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 			wd[L.max_chunks] = n;
 		}
 	}
-	asm volatile("cp.async.wait_group 0;" ::: "memory");
-	__syncthreads();
 	float *qr = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * QR_ROWS * P;
 	/* for the score: q' split by sign over the summary channels, and the
 	 * segment of each score tile's first block (a hint the score checks) */
@@ -407,16 +441,22 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 			tl[t] = x;
 		}
 	}
-	/* a thread per row c, all heads at once: the query's 8-float rows
-	 * are broadcasts, each R element is loaded and widened once; per
-	 * (c, h) the same sequential fmaf chain over j as before */
-	for (uint32_t c = threadIdx.x; c < dk; c += blockDim.x) {
-		const uint16_t *row = Rs + c * QROT_LD;
+	/* two threads per row c (GPU_MAX_D <= 128: one pass of 256), each
+	 * half of j, all heads at once: the query's 8-float rows are
+	 * broadcasts, each R element is loaded and widened once; per (c, h)
+	 * a sequential fmaf chain over each half, then their sum (one thread
+	 * a row, half the threads idle, was twice the chain) */
+	static_assert(2 * GPU_MAX_D <= 256, "k_qrot: two threads a row in one pass");
+	{
+		const uint32_t c = threadIdx.x >> 1, half = threadIdx.x & 1;
+		const bool act = c < dk;
+		const uint16_t *row = Rs + (act ? c : 0) * QROT_LD;
 		float acc[NQ];
 #pragma unroll
 		for (int h = 0; h < NQ; h++)
 			acc[h] = 0.0f;
-		for (uint32_t j8 = 0; j8 < d / 8; j8++) {
+		const uint32_t n8 = act ? d / 16 : 0, j0 = half * (d / 16);
+		for (uint32_t j8 = j0; j8 < j0 + n8; j8++) {
 			uint4 w = *(const uint4 *)(row + j8 * 8);
 			float x[8];
 			unpack8(w, x);
@@ -429,6 +469,10 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 					acc[h] = fmaf(x[e], qv[h], acc[h]);
 			}
 		}
+#pragma unroll
+		for (int h = 0; h < NQ; h++)
+			acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
+		if (act && half == 0)
 #pragma unroll
 		for (int h = 0; h < NQ; h++) {
 			qr[(size_t)c * P + h] = acc[h];
