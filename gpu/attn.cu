@@ -372,8 +372,9 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	 * it, counted by every thread (a segment each, all loads in one round
 	 * trip while the rotation arrives: warp 1 alone, 32 segments a round
 	 * trip, held the CTA's barrier, 33 % of k_qrot's stall samples at 1M
-	 * tokens in 4,096-token segments) and written by warp 1 after the
-	 * barrier; CTA nseg writes the count at [max_chunks] */
+	 * tokens in 4,096-token segments; 11 % since, though the kernel's time
+	 * did not move: gpu/NOTES.md, twenty-fifth session) and written by
+	 * warp 1 after the barrier; CTA nseg writes the count at [max_chunks] */
 	{
 		/* the query's loads first, then the segments' (both in flight
 		 * together), then the stores */
