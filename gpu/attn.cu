@@ -280,6 +280,24 @@ __device__ __forceinline__ void loadq(const float *p, float (&v)[NQ])
 	}
 }
 
+/* bf16x2 of (lo, hi): lo in the low half (the lower k index). */
+__device__ __forceinline__ uint32_t dn_bf2(float lo, float hi)
+{
+	uint32_t r;
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return r;
+}
+
+/* D = A B + D, m16n8k16, bf16 inputs, fp32 accumulators. */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* ------------------------------------------------------------------ */
 /* qrot: q'[seg][c][h] = Σ_j R_k[c][j] q_h[j], c < dk (unscaled).      */
 
@@ -331,9 +349,11 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 {
 	pdl_begin();
 	__shared__ __align__(16) uint16_t Rs[GPU_MAX_D * QROT_LD];
-	__shared__ __align__(16) float qsm[GPU_MAX_D * 8]; /* [j][h] */
 	__shared__ float qrs[GPU_MAX_D * 8];                /* q'[c][h] */
 	__shared__ uint32_t wpart[256 / 32];
+	__shared__ uint2 qb[3][GPU_MAX_D / 16][32]; /* the query's B fragments */
+	__shared__ float qn2[8]; /* |q|² per head */
+	static_assert(GPU_MAX_D / 16 * 32 <= 256 && NQ <= 8, "k_qrot: a k-step a warp");
 	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t si = blockIdx.x, nseg = H->nseg;
 	const struct gpu_seg *sg;
@@ -376,22 +396,50 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	 * did not move: gpu/NOTES.md, twenty-fifth session) and written by
 	 * warp 1 after the barrier; CTA nseg writes the count at [max_chunks] */
 	{
-		/* the query's loads first, then the segments' (both in flight
-		 * together), then the stores */
-		constexpr int QN = (NQ * GPU_MAX_D + 255) / 256;
-		float qv[QN];
-#pragma unroll
-		for (int e = 0; e < QN; e++) {
-			uint32_t i = threadIdx.x + 256 * e;
-			qv[e] = i < NQ * d ? qh[i] : 0.0f;
+		/* thread t < d / 16 · 32 holds k-step t / 32's four channels of
+		 * head (t % 32) / 4 as the B fragments take them (lane t % 32):
+		 * channels 16ks + 2tig, + 1, + 8, + 9.  Its loads first, then the
+		 * segments' (both in flight together), then the fragments: the
+		 * query split in three bf16 parts */
+		const uint32_t ks = threadIdx.x >> 5, ln = threadIdx.x & 31;
+		const uint32_t h = ln >> 2, j = 16 * ks + 2 * (ln & 3);
+		const bool on = ks < d / 16;
+		float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+		if (on && h < NQ) {
+			const float *p = qh + (size_t)h * d + j;
+			if (((uintptr_t)qh & 7) == 0) {
+				const float2 a = *(const float2 *)p, b = *(const float2 *)(p + 8);
+				x[0] = a.x; x[1] = a.y; x[2] = b.x; x[3] = b.y;
+			} else {
+				x[0] = p[0]; x[1] = p[1]; x[2] = p[8]; x[3] = p[9];
+			}
 		}
 		if (CUT)
 			wins_before_cta(H, si, L.cwl, wpart);
+		/* qperp's |q|² (the CPU's order: sequential, unfused) while R_k
+		 * is in flight, by the last warp (idle in the product when d_keep
+		 * <= 112); after the product it was a 128-step chain the CTA
+		 * waited on: 50 -> 42 µs a layer at 1M tokens with the rest of
+		 * this change (gpu/NOTES.md, twenty-sixth session) */
+		if (threadIdx.x >= 224 && threadIdx.x < 224 + NQ) {
+			const uint32_t hq = threadIdx.x - 224;
+			float n2 = 0.0f;
+#pragma unroll 16
+			for (uint32_t jj = 0; jj < d; jj++)
+				n2 = __fadd_rn(n2, __fmul_rn(qh[hq * d + jj], qh[hq * d + jj]));
+			qn2[hq] = n2;
+		}
+		if (on) {
 #pragma unroll
-		for (int e = 0; e < QN; e++) {
-			uint32_t i = threadIdx.x + 256 * e;
-			if (i < NQ * d)
-				qsm[(i % d) * 8 + i / d] = qv[e];
+			for (int part = 0; part < 3; part++) {
+				const uint32_t b0 = dn_bf2(x[0], x[1]), b1 = dn_bf2(x[2], x[3]);
+				qb[part][ks][ln] = make_uint2(b0, b1);
+				/* the remainders are exact in fp32 */
+				x[0] -= __uint_as_float(b0 << 16);
+				x[1] -= __uint_as_float(b0 & 0xffff0000u);
+				x[2] -= __uint_as_float(b1 << 16);
+				x[3] -= __uint_as_float(b1 & 0xffff0000u);
+			}
 		}
 	}
 	asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -442,45 +490,54 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 			tl[t] = x;
 		}
 	}
-	/* two threads per row c (GPU_MAX_D <= 128: one pass of 256), each
-	 * half of j, all heads at once: the query's 8-float rows are
-	 * broadcasts, each R element is loaded and widened once; per (c, h)
-	 * a sequential fmaf chain over each half, then their sum (one thread
-	 * a row, half the threads idle, was twice the chain) */
-	static_assert(2 * GPU_MAX_D <= 256, "k_qrot: two threads a row in one pass");
+	/* q' = R_k q on tensor cores: R_k (bf16, in Rs) is A, warp w its rows
+	 * 16w .. 16w + 15; the query is B, n-tile `part` holding that part
+	 * of every head (column h: head h), so that hi + mid + lo carry its
+	 * fp32 value and the bf16 products are exact: q' to fp32 rounding of
+	 * the sums, not the CPU's operations (the scores' tests hold by
+	 * tolerance, the 8-bit query is checked against mkv_query8 of this
+	 * q').  It was per (row half, head) a 64-step fmaf chain fed by an
+	 * LDS.128 of q a step: the kernel's short-scoreboard and MIO stalls */
 	{
-		const uint32_t c = threadIdx.x >> 1, half = threadIdx.x & 1;
-		const bool act = c < dk;
-		const uint16_t *row = Rs + (act ? c : 0) * QROT_LD;
-		float acc[NQ];
+		const uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+		const uint32_t g = lane >> 2, tig = lane & 3;
+		if (16 * w < dk) {
+			float c[3][4];
 #pragma unroll
-		for (int h = 0; h < NQ; h++)
-			acc[h] = 0.0f;
-		const uint32_t n8 = act ? d / 16 : 0, j0 = half * (d / 16);
-		for (uint32_t j8 = j0; j8 < j0 + n8; j8++) {
-			uint4 w = *(const uint4 *)(row + j8 * 8);
-			float x[8];
-			unpack8(w, x);
+			for (int part = 0; part < 3; part++)
+				c[part][0] = c[part][1] = c[part][2] = c[part][3] = 0.0f;
+			const uint32_t aa = (uint32_t)__cvta_generic_to_shared(
+				Rs + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * QROT_LD +
+				(lane >> 4) * 8);
 #pragma unroll
-			for (int e = 0; e < 8; e++) {
-				float qv[NQ];
-				loadq<NQ>(qsm + (j8 * 8 + e) * 8, qv);
+			for (int ks = 0; ks < GPU_MAX_D / 16; ks++) {
+				if ((uint32_t)ks >= d / 16)
+					break;
+				uint32_t a0, a1, a2, a3;
+				asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+					     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+					     : "r"(aa + ks * 32)
+					     : "memory");
 #pragma unroll
-				for (int h = 0; h < NQ; h++)
-					acc[h] = fmaf(x[e], qv[h], acc[h]);
+				for (int part = 0; part < 3; part++) {
+					const uint2 b = qb[part][ks][lane];
+					mma_bf16(c[part], a0, a1, a2, a3, b.x, b.y);
+				}
 			}
-		}
+			/* lane (g, tig): rows g and g + 8 of the warp's 16, heads 2tig
+			 * and 2tig + 1 */
 #pragma unroll
-		for (int h = 0; h < NQ; h++)
-			acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
-		if (act && half == 0)
-#pragma unroll
-		for (int h = 0; h < NQ; h++) {
-			qr[(size_t)c * P + h] = acc[h];
-			qrs[c * 8 + h] = acc[h];
-			if (qpm && c < S && !q8) {
-				qpm[c * 2 * P + h] = fmaxf(acc[h], 0.0f);
-				qpm[c * 2 * P + P + h] = fminf(acc[h], 0.0f);
+			for (int e = 0; e < 4; e++) {
+				const uint32_t cr = 16 * w + g + 8 * (e >> 1), h = 2 * tig + (e & 1);
+				const float v = (c[2][e] + c[1][e]) + c[0][e];
+				if (cr < dk && h < NQ) {
+					qr[(size_t)cr * P + h] = v;
+					qrs[cr * 8 + h] = v;
+					if (qpm && cr < S && !q8) {
+						qpm[cr * 2 * P + h] = fmaxf(v, 0.0f);
+						qpm[cr * 2 * P + P + h] = fminf(v, 0.0f);
+					}
+				}
 			}
 		}
 	}
@@ -489,10 +546,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	 * the same order, without a loop's branch per term) */
 	if (threadIdx.x < NQ) {
 		uint32_t h = threadIdx.x;
-		float nq = 0.0f, ns = 0.0f;
-#pragma unroll 16
-		for (uint32_t j = 0; j < d; j++)
-			nq = __fadd_rn(nq, __fmul_rn(qsm[j * 8 + h], qsm[j * 8 + h]));
+		float nq = qn2[h], ns = 0.0f;
 #pragma unroll 8
 		for (uint32_t c = 0; c < S; c++)
 			ns = __fadd_rn(ns, __fmul_rn(qrs[c * 8 + h], qrs[c * 8 + h]));
@@ -3565,30 +3619,12 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
 		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* bf16x2 of (lo, hi): lo in the low half (the lower k index). */
-__device__ __forceinline__ uint32_t dn_bf2(float lo, float hi)
-{
-	uint32_t r;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
-
 /* a, b as bf16 pairs: *h the rounded values, *l the remainders. */
 __device__ __forceinline__ void dn_split(float a, float b, uint32_t *h, uint32_t *l)
 {
 	uint32_t x = dn_bf2(a, b);
 	*h = x;
 	*l = dn_bf2(a - __uint_as_float(x << 16), b - __uint_as_float(x & 0xffff0000u));
-}
-
-/* D = A B + D, m16n8k16, bf16 inputs, fp32 accumulators. */
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-					 uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 template <bool BF>
