@@ -282,6 +282,9 @@ Test(gpu, packed_cuda_cores_g2_nq8)
 Test(gpu, packed_q6_d64_default) { check_packed_rq(64, 3, 1, 0, 16, 0.1, 37, 40, 6); }
 Test(gpu, packed_q6_d128_default) { check_packed_rq(128, 4, 1, 0, 16, 0.1, 64, 80, 6); }
 Test(gpu, packed_q6_d128_r82) { check_packed_rq(128, 8, 1, 0, 16, 0.2, 5, 82, 6); }
+/* 6-bit rows decode two groups at a time: r % 16 past 8 ends on a pair */
+Test(gpu, packed_q6_d128_r90) { check_packed_rq(128, 4, 1, 0, 16, 0.15, 9, 90, 6); }
+Test(gpu, packed_q6_d64_r29) { check_packed_rq(64, 2, 1, 0, 16, 0.2, 4, 29, 6); }
 Test(gpu, packed_q4_d64) { check_packed_rq(64, 2, 1, 0, 8, 0.15, 0, 48, 4); }
 Test(gpu, packed_q8_d128_drop) { check_packed_rq(128, 4, 1, 1, 32, 0.1, 19, 64, 8); }
 Test(gpu, packed_q5_g2) { check_packed_rq(128, 1, 2, 0, 16, 0.3, 3, 38, 5); }
