@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 		/* qperp's |q|² (the CPU's order: sequential, unfused) while R_k
 		 * is in flight, by the last warp (idle in the product when d_keep
 		 * <= 112); after the product it was a 128-step chain the CTA
-		 * waited on: 50 -> 42 µs a layer at 1M tokens with the rest of
+		 * waited on: 51 -> 41 µs a layer at 1M tokens with the rest of
 		 * this change (gpu/NOTES.md, twenty-sixth session) */
 		if (threadIdx.x >= 224 && threadIdx.x < 224 + NQ) {
 			const uint32_t hq = threadIdx.x - 224;
