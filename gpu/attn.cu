@@ -288,6 +288,16 @@ __device__ __forceinline__ uint32_t dn_bf2(float lo, float hi)
 	return r;
 }
 
+/* D = A B + D, m16n8k16, fp16 inputs, fp32 accumulators. */
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+					uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* D = A B + D, m16n8k16, bf16 inputs, fp32 accumulators. */
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
 					 uint32_t a3, uint32_t b0, uint32_t b1)
@@ -3607,16 +3617,6 @@ __device__ __forceinline__ void st_fill_pos(const struct gpu_seg &sg, uint32_t t
 __device__ __forceinline__ void sts16(uint32_t a, uint32_t v)
 {
 	asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "r"(v) : "memory");
-}
-
-/* D = A B + D, m16n8k16, fp16 inputs, fp32 accumulators. */
-__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-					uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 /* a, b as bf16 pairs: *h the rounded values, *l the remainders. */
