@@ -1,8 +1,9 @@
 #!/bin/bash
 # Profile PackedAttention's attention kernel on the GPU machine (1M
 # tokens unless NCU_CTX says, batch 1, one step of ours and one of ours_q6) with Nsight
-# Compute: the summary sections, then per SASS line the instructions
-# executed and the warp stall samples (the lines with the most samples).
+# Compute: the summary sections, then bench/ncu_src.py's report of the
+# SASS source counters (stall reasons, opcode mix, hottest basic blocks
+# and lines; src.csv keeps every line).
 # Assumes bench/attn built in $B (bench/attn_device.sh or by hand).
 set -u
 OUT=${OUT:-out}
@@ -20,4 +21,5 @@ ncu -i "$OUT/attn.ncu-rep" > "$OUT/ncu.txt" 2>&1
 grep -E "^  k_|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|inst_executed|bank_conflicts|dram__bytes|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Dynamic Shared" "$OUT/ncu.txt" | head -60
 ncu -i "$OUT/attn.ncu-rep" --page source --csv --print-source sass > "$OUT/src.csv" 2>&1
 echo "src.csv: $(wc -l < "$OUT/src.csv") lines"
+python3 bench/ncu_src.py "$OUT/src.csv"
 rm -f "$OUT/attn.ncu-rep"

@@ -65,8 +65,9 @@ EOF
 fi
 # NCU_SRC=regex (optional): a second pass over at most NCU_SRC_N (default 4)
 # launches of the kernels it names, with the stall sections and the SASS
-# source counters: the summary lines, then per kernel the SASS lines with
-# the most warp stall samples (src_*.csv keeps them all).
+# source counters: the summary lines, then per launch bench/ncu_src.py's
+# report (stall reasons, opcode mix, the hottest basic blocks and lines;
+# src.csv keeps every line).
 if [ -n "${NCU_SRC:-}" ]; then
   # shellcheck disable=SC2086
   timeout ${NCU_T:-420} ncu --clock-control none --cache-control none \
@@ -81,27 +82,5 @@ if [ -n "${NCU_SRC:-}" ]; then
     "$OUT/ncu_src.txt" | head -80
   ncu -i "$OUT/src.ncu-rep" --page source --csv --print-source sass > "$OUT/src.csv" 2>&1
   rm -f "$OUT/src.ncu-rep"
-  python3 - "$OUT/src.csv" <<'PYEOF'
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1], errors="replace")))
-# one table per profiled launch: a header row starts each
-tabs, cur = [], None
-for r in rows:
-    if r and any(c.startswith("Warp Stall Sampling (All") for c in r):
-        cur = [r]; tabs.append(cur)
-    elif cur is not None and r:
-        cur.append(r)
-for n, t in enumerate(tabs):
-    h = t[0]
-    si = [i for i, c in enumerate(h) if c.startswith("Warp Stall Sampling (All")][0]
-    src = h.index("Source") if "Source" in h else 1
-    def num(x):
-        try: return float(x.replace(",", ""))
-        except ValueError: return 0.0
-    body = [r for r in t[1:] if len(r) > si]
-    tot = sum(num(r[si]) for r in body) or 1.0
-    print("launch %d: %d SASS lines, %d stall samples" % (n, len(body), tot))
-    for r in sorted(body, key=lambda r: -num(r[si]))[:25]:
-        print("  %5.1f%%  %s" % (100 * num(r[si]) / tot, r[src][:110]))
-PYEOF
+  python3 bench/ncu_src.py "$OUT/src.csv"
 fi
