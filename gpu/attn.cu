@@ -3170,6 +3170,15 @@ __device__ __forceinline__ uint4 bf8_to_h8(uint4 u)
 			  h2pack(x[6], x[7]));
 }
 
+/* Two w-bit fields, unsigned, at bits 0 and 16 of @f, as the fp16 pair of
+ * the signed integers they store: under the exponent of 1024 (exact for
+ * w <= 10), then minus @bias = 1024 + 2^(w - 1) in both halves. */
+__device__ __forceinline__ __half2 q_fields(uint32_t f, __half2 bias)
+{
+	const uint32_t pr = 0x64006400u | f;
+	return __hsub2(*(const __half2 *)&pr, bias);
+}
+
 /* Group m's 8 fields (w bits each, in x from bit 0) as field × scale, or
  * (MUL false) as the signed integers they store (exact in fp16). */
 template <int WC, bool MUL = true>
@@ -3184,8 +3193,7 @@ __device__ __forceinline__ uint4 q8_to_h8(uint64_t x, uint32_t wr, __half2 s2)
 	for (int e = 0; e < 4; e++) {
 		uint32_t u0 = (uint32_t)(x >> (2 * e * w)) & mask;
 		uint32_t u1 = (uint32_t)(x >> ((2 * e + 1) * w)) & mask;
-		uint32_t pr = 0x64006400u | u0 | (u1 << 16);
-		__half2 h = __hsub2(*(const __half2 *)&pr, bias);
+		__half2 h = q_fields(u0 | (u1 << 16), bias);
 		if (MUL)
 			h = __hmul2(h, s2);
 		o[e] = *(uint32_t *)&h;
@@ -3757,12 +3765,11 @@ __device__ __forceinline__ void expand_inplace(uint32_t row, const uint32_t (&bm
 		expand_group(src, row, bm, base, gi);
 }
 
-/* Two 6-bit fields at bit 0 of @t as the fp16 pair (field - 32, the
- * stored integers): the fields under the exponent of 1024, then - 1056. */
+/* Two 6-bit fields at bits 0 and 6 of @t as q_fields' pair. */
 __device__ __forceinline__ uint32_t q6_pair(uint32_t t)
 {
-	const uint32_t pr = (t & 0x3fu) | ((t << 10) & 0x3f0000u) | 0x64006400u;
-	const __half2 h = __hsub2(*(const __half2 *)&pr, __float2half2_rn(1056.0f));
+	const __half2 h = q_fields((t & 0x3fu) | ((t << 10) & 0x3f0000u),
+				   __float2half2_rn(1056.0f));
 	return *(const uint32_t *)&h;
 }
 
