@@ -3406,6 +3406,32 @@ __host__ __device__ __forceinline__ uint32_t st_rs(uint32_t rs, bool pad)
 	return pad && st_pad_lg(rs) ? rs + 8 : rs;
 }
 
+/*
+ * Stages a warp of the small layout keeps, and its CTAs per SM: one stage,
+ * refilled as soon as its rows are expanded (the next sub-block is in
+ * flight during the products and the softmax), at five CTAs: 20 warps an
+ * SM at <= 96 registers, R_v read from L2 where a CTA rotates back.  The
+ * kernel is latency-bound (~0.45 issues a scheduler cycle at 16 warps), so
+ * the fifth CTA pays: at 1M tokens on the H200 the attention kernel took
+ * 10-13 % less time than with two stages at four CTAs (-DST_SMALL_NS=2,
+ * kept for comparison; gpu/NOTES.md, twenty-seventh session).
+ */
+#ifndef ST_SMALL_NS
+#define ST_SMALL_NS 1
+#endif
+#define ST_SMALL_CTAS (ST_SMALL_NS == 1 ? 5 : 4)
+
+__host__ __device__ constexpr int st_nstages(int rb)
+{
+	return rb == ST_SMALL_ROWB ? ST_SMALL_NS : 2;
+}
+
+/* whether R_v is staged in shared memory for a CTA's rotation back */
+__host__ __device__ constexpr bool st_rv_smem(int rb)
+{
+	return st_nstages(rb) == 2;
+}
+
 /* LD = 16 KC + 8 halves a tile row: a stride of 32 KC + 16 bytes, an odd
  * multiple of 16, so the 16-byte pieces of eight consecutive rows cover
  * all 32 banks: ldmatrix and the expansion's 16-byte stores are
@@ -3415,12 +3441,13 @@ struct st_warp {
 	static constexpr int LD = 16 * KC + 8;
 	__half k[16 * LD]; /* K̂ [token][channel] */
 	__half v[16 * LD]; /* V̂ [token][channel] */
-	struct st_stage<RB> s[2];
+	struct st_stage<RB> s[st_nstages(RB)];
 };
 
 /* The staged kernel's shared memory.  KC = D / 16, RB = ST_ROWB: 74 KB,
- * three CTAs per SM; KC = 6 (d_keep <= 96 of 128), RB = 64: 48 KB, four
- * (the small layout, GPU_ATTN_SMALL_ROWS). */
+ * three CTAs per SM; KC = 6 (d_keep <= 96 of 128), RB = 64: 40 KB, five
+ * (the small layout, GPU_ATTN_SMALL_ROWS; 52 KB and four with two
+ * stages). */
 template <int NU, int KC, int RB>
 struct st_smem {
 	union {
@@ -3428,7 +3455,8 @@ struct st_smem {
 		struct {
 			float red[4 * 8 * (GPU_MAX_D + 2)];
 			float orot[8 * GPU_MAX_D];
-			uint16_t rv[16 * KC * GPU_MAX_D]; /* R_v: v_dk <= 16 KC rows */
+			/* R_v: v_dk <= 16 KC rows */
+			uint16_t rv[st_rv_smem(RB) ? 16 * KC * GPU_MAX_D : 8];
 		} f;
 		float qs[GPU_MAX_D * 8];
 	};
@@ -3851,15 +3879,40 @@ __device__ __forceinline__ struct pos_lane pos_lane_of(const struct gpu_seg &sg,
 	return pl;
 }
 
+/* The scales of a sub-block's rows g and g + 8 (quantized rows: their
+ * first value; 1 for bf16 rows), from stage @S. */
+template <int RB>
+__device__ __forceinline__ void st_scales(const struct gpu_seg &sg, const struct st_stage<RB> &S,
+					  bool pad, int g, bool va, bool vb8, float (&sc)[4])
+{
+	sc[0] = sc[1] = sc[2] = sc[3] = 1.0f;
+	if (sg.k_vb) {
+		const uint16_t *kr = (const uint16_t *)S.krow;
+		const uint32_t krs = st_rs(sg.k_rs, pad);
+		sc[0] = bf1(kr[g * krs]);
+		sc[1] = bf1(kr[(g + 8) * krs]);
+	}
+	if (sg.v_vb) {
+		const uint16_t *vr = (const uint16_t *)S.vrow;
+		/* stale rows past nt: p = 0 there must not meet a NaN */
+		const uint32_t vrs = st_rs(sg.v_rs, pad);
+		sc[2] = va ? bf1(vr[g * vrs]) : 0.0f;
+		sc[3] = vb8 ? bf1(vr[(g + 8) * vrs]) : 0.0f;
+	}
+}
+
 /* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
  * rows, expanded straight from the stage, bf16 products; POS: their
- * values scattered by their positions (st_fill_pos's stage, @pl). */
-template <int NQ, int D, bool BF, int KC, int RB, bool POS = false>
+ * values scattered by their positions (st_fill_pos's stage, @pl).
+ * @after runs once the stage has been read (a single-stage layout refills
+ * it there). */
+template <int NQ, int D, bool BF, int KC, int RB, bool POS = false, class F>
 __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al16,
 				       const struct st_stage<RB> &S, struct st_warp<KC, RB> &W,
 				       const uint2 (*qb)[KC][32], ststate<NQ, D, KC> &st,
-				       const struct pos_lane &pl)
+				       const struct pos_lane &pl, F &&after)
 {
+	constexpr bool ONE = st_nstages(RB) == 1;
 	const bool pad = al16 && nt == 16; /* as st_fill laid the stage out */
 	constexpr int LDT = st_warp<KC, RB>::LD;
 	constexpr int NU = ststate<NQ, D, KC>::NU;
@@ -3874,32 +3927,44 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 		const uint32_t r = t < nt ? pl.r : 0u;
 		const uint32_t rk = pad ? pl.rk : 0u, pk = pad ? pl.pk : 0u;
 		const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.v : W.k) + t * LDT);
-		/* every load first: the stores below are barriers to the compiler */
-		constexpr int NG = RB / 16;
-		uint4 v[NG];
-		uint2 p[NG];
+		/* every load of a phase first: the stores below are barriers to
+		 * the compiler.  One phase, or one group a phase in the
+		 * single-stage layout (at 96 registers all four groups at once
+		 * spilled; two at a time spilled less, and the positions' step
+		 * ran 3-7 % slower than a group at a time: H200, 1M tokens) */
+		constexpr int NG = RB / 16, PH = ONE ? NG : 1, NGP = NG / PH;
 		const char *sp = (const char *)&S;
 #pragma unroll
-		for (int m = 0; m < NG; m++) {
-			if (8u * m < r) {
-				v[m] = *(const uint4 *)(sp + pl.row + ((m ^ rk) << 4));
-				p[m] = *(const uint2 *)(sp + pl.pos + (((m >> 1) ^ pk) << 4) +
-							 8 * (m & 1));
+		for (int ph = 0; ph < PH; ph++) {
+			uint4 v[NGP];
+			uint2 p[NGP];
+#pragma unroll
+			for (int i = 0; i < NGP; i++) {
+				const int m = ph * NGP + i;
+				if (8u * m < r) {
+					v[i] = *(const uint4 *)(sp + pl.row + ((m ^ rk) << 4));
+					p[i] = *(const uint2 *)(sp + pl.pos +
+								 (((m >> 1) ^ pk) << 4) + 8 * (m & 1));
+				}
 			}
-		}
+			if (ph == 0) {
 #pragma unroll
-		for (int gi = 0; gi < 2 * KC; gi++)
-			sts128(trow + 16 * gi, 0u, 0u, 0u, 0u);
+				for (int gi = 0; gi < 2 * KC; gi++)
+					sts128(trow + 16 * gi, 0u, 0u, 0u, 0u);
+			}
 #pragma unroll
-		for (int m = 0; m < NG; m++) {
-			if (8u * m >= r)
-				break;
-			const uint32_t vw[4] = {v[m].x, v[m].y, v[m].z, v[m].w};
+			for (int i = 0; i < NGP; i++) {
+				const int m = ph * NGP + i;
+				if (8u * m >= r)
+					break;
+				const uint32_t vw[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
-			for (int e = 0; e < 8; e++) {
-				uint32_t c = __byte_perm(e < 4 ? p[m].x : p[m].y, 0u, 0x4440u + (e & 3));
-				uint32_t x = (e & 1) ? vw[e >> 1] >> 16 : vw[e >> 1];
-				sts16(trow + 2 * c, x);
+				for (int e = 0; e < 8; e++) {
+					uint32_t c = __byte_perm(e < 4 ? p[i].x : p[i].y, 0u,
+								 0x4440u + (e & 3));
+					uint32_t x = (e & 1) ? vw[e >> 1] >> 16 : vw[e >> 1];
+					sts16(trow + 2 * c, x);
+				}
 			}
 		}
 	} else {
@@ -3929,7 +3994,14 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 			expand_inplace<2 * KC>(trow, bm);
 		}
 	}
+	/* rows g and g + 8 are tokens; the scales of quantized rows */
+	const bool va = g < nt, vb8 = g + 8 < nt;
+	float sc[4];
+	if constexpr (ONE)
+		st_scales(sg, S, pad, g, va, vb8, sc);
 	__syncwarp();
+	if constexpr (ONE)
+		after();
 	/* ---- Sᵀ = K̂ Q'ᵀ (all KC k-steps: columns past d_keep are zero) ---- */
 	float s[NU][4];
 #pragma unroll
@@ -3950,22 +4022,9 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 			mma_t<BF>(s[u], a0, a1, a2, a3, b.x, b.y);
 		}
 	}
-	/* rows g and g + 8 are tokens; the scales of quantized rows */
-	const bool va = g < nt, vb8 = g + 8 < nt;
-	float ksa = 1.0f, ksb = 1.0f, vsa = 1.0f, vsb = 1.0f;
-	if (sg.k_vb) {
-		const uint16_t *kr = (const uint16_t *)S.krow;
-		const uint32_t krs = st_rs(sg.k_rs, pad);
-		ksa = bf1(kr[g * krs]);
-		ksb = bf1(kr[(g + 8) * krs]);
-	}
-	if (sg.v_vb) {
-		const uint16_t *vr = (const uint16_t *)S.vrow;
-		/* stale rows past nt: p = 0 there must not meet a NaN */
-		const uint32_t vrs = st_rs(sg.v_rs, pad);
-		vsa = va ? bf1(vr[g * vrs]) : 0.0f;
-		vsb = vb8 ? bf1(vr[(g + 8) * vrs]) : 0.0f;
-	}
+	if constexpr (!ONE)
+		st_scales(sg, S, pad, g, va, vb8, sc);
+	const float ksa = sc[0], ksb = sc[1], vsa = sc[2], vsb = sc[3];
 	uint32_t pb[NU][2];
 #pragma unroll
 	for (int u = 0; u < NU; u++) {
@@ -4122,7 +4181,8 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 		st.l[u][0] = st.l[u][1] = 0.0f;
 	}
 	__syncwarp();
-	for (int cur = 0; i < cnt; cur ^= 1) {
+	constexpr bool ONE = st_nstages(RB) == 1;
+	for (int cur = 0; i < cnt; cur ^= ONE ? 0 : 1) {
 		uint32_t ni = i, nt0 = t + 16, nt1 = t1;
 		if (nt0 >= t1) {
 			ni = i + 4;
@@ -4134,18 +4194,27 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 						    : base_blk + ni + 4) * sg.b;
 			}
 		}
-		if (ni < cnt) {
-			if constexpr (POS)
-				st_fill_pos(sg, nt0, min(16u, nt1 - nt0), W.s[cur ^ 1], lane, al16);
-			else
-				st_fill(sg, nt0, min(16u, nt1 - nt0), W.s[cur ^ 1], lane, al16);
+		/* the next sub-block into the other stage now, or (one stage)
+		 * into this one as soon as its rows are expanded */
+		auto refill = [&](int to) {
+			if (ni < cnt) {
+				if constexpr (POS)
+					st_fill_pos(sg, nt0, min(16u, nt1 - nt0), W.s[to], lane, al16);
+				else
+					st_fill(sg, nt0, min(16u, nt1 - nt0), W.s[to], lane, al16);
+			}
+		};
+		if constexpr (ONE) {
+			asm volatile("cp.async.wait_group 0;" ::: "memory");
+		} else if (ni < cnt) {
+			refill(cur ^ 1);
 			asm volatile("cp.async.wait_group 1;" ::: "memory");
 		} else {
 			asm volatile("cp.async.wait_group 0;" ::: "memory");
 		}
 		__syncwarp();
 		st_sub<NQ, D, BF, KC, RB, POS>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb,
-					       st, pl);
+					       st, pl, [&] { refill(0); });
 		i = ni;
 		t = nt0;
 		t1 = nt1;
@@ -4194,7 +4263,11 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 				}
 			}
 	}
-	tc_finish<NQ, D>(sg, sacc, sml, sm.f.rv, sm.f.orot, po, pml, true, &J);
+	/* without room for R_v a CTA that rotates back reads it from L2 (the
+	 * kernel prefetched it there at the CTA's start) */
+	constexpr bool RVS = st_rv_smem(RB);
+	tc_finish<NQ, D>(sg, sacc, sml, RVS ? sm.f.rv : (uint16_t *)sg.v_rot, sm.f.orot, po, pml,
+			 RVS, &J);
 }
 
 /*
@@ -4274,14 +4347,14 @@ static __device__ __noinline__ void tc_cta(const struct gpu_seg *sgp, const uint
 
 /*
  * SMALL (GPU_ATTN_SMALL_ROWS: the caller promises st_small_ok of every
- * segment and buffer): the staged path only, in the 48 KB layout at 128
- * registers, four CTAs per SM instead of three (more warps to hide the
- * kernel's latencies: 2.5-5 % at 1M tokens on the H200).  A segment that
+ * segment and buffer): the staged path only, in the small layout at 96
+ * registers, five CTAs per SM instead of three (more warps to hide the
+ * kernel's latencies; ST_SMALL_NS).  A segment that
  * breaks the promise gets a NaN partial (the output shows it; nothing is
  * read or written out of bounds).
  */
 template <int NQ, int D, bool SMALL>
-__global__ void __launch_bounds__(128, SMALL ? 4 : 3)
+__global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 	k_attn_packed_tc(const struct gpu_head *heads, const float *q, float scale2, char *ws,
 			 struct ws_layout L, uint32_t flags)
 {

@@ -313,7 +313,7 @@ Test(gpu, packed_unstaged_walk_bf16_d64_b8)
  * sub-blocks a block). */
 Test(gpu, packed_staged_row_limit) { check_packed_rq(128, 3, 1, 0, 16, 0.1, 0, 64, 0); }
 Test(gpu, packed_past_staged_row_limit) { check_packed_rq(128, 2, 1, 0, 16, 0.1, 7, 72, 0); }
-/* GPU_ATTN_SMALL_ROWS (the staged path's 48 KB layout, four CTAs per SM):
+/* GPU_ATTN_SMALL_ROWS (the staged path's small layout, five CTAs per SM):
  * every format that keeps its promise (d_keep = 3d/4 by the drop, rows of
  * at most 64 bytes): bf16 r = d/4 (the bench's), 6-bit r = 80 (ours_q6's),
  * 4-bit r = 90, bf16 r = 24 with two sub-blocks a block, d 64. */
