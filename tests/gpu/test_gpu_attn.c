@@ -682,11 +682,6 @@ Test(gpu, packed_small_r16_b16)
 }
 Test(gpu, packed_staged_r16_b32) { check_packed_rq(64, 2, 1, 1, 32, 0.2, 3, 16, 0); }
 
-/* gpu_seg_small_rows on the device descriptors of real segments
- * (gpu_seg_image, host only: runs without a GPU) against the promise as
- * GPU_ATTN_SMALL_ROWS states it, from the encode options: g = 1, device
- * rows of at most 64 bytes (bf16: 2r; w bits: a bf16 scale and r w-bit
- * fields, padded to 16 bytes), d_keep <= 3d/4. */
 /* gpu_score_select_upto refuses a stage outside 1..3 and bad arguments
  * before it touches CUDA (host only: runs without a GPU). */
 Test(gpu, score_select_upto_rejects)
@@ -752,6 +747,11 @@ Test(gpu, ws_bytes_any_chunk_width)
 	}
 }
 
+/* gpu_seg_small_rows on the device descriptors of real segments
+ * (gpu_seg_image, host only: runs without a GPU) against the promise as
+ * GPU_ATTN_SMALL_ROWS states it, from the encode options: g = 1, device
+ * rows of at most 64 bytes (bf16: 2r; w bits: a bf16 scale and r w-bit
+ * fields, padded to 16 bytes), d_keep <= 3d/4. */
 Test(gpu, small_rows_predicate)
 {
 	static const struct {
