@@ -3,10 +3,16 @@
 # build HEAD's tree and every overlay under ab/ (bench/attn_ab_prep.sh) in
 # parallel, run test_gpu_attn on each variant (TESTS=0 skips), then
 # bench/attn on each, the variants interleaved, REPS times (default 2).
-# Output under $OUT (or ./out): one log per variant and repetition, and the
-# table rows of all of them in summary.txt.
+# With NCU=1, first the attention kernel of each variant under Nsight
+# Compute: one `bench/attn --once 1` at NCU_CTX tokens (default 1M),
+# batch 1, every k_attn_packed_tc launch (ours, ours_q6, ours_pos, ours_s8,
+# pos_s8, ps8_ma in that order) with its time, warp instructions and
+# registers (ncu-<variant>.csv).  Output under $OUT (or ./out): one log
+# per variant and repetition, and the table rows of all of them in
+# summary.txt.
 #
 # Usage: ATTN_ARGS="--ctx 262144,1048576 --batch 1,8" bash bench/attn_ab.sh
+#        NCU=1 REPS=1 ATTN_ARGS="--ctx 1048576 --batch 1,8" bash bench/attn_ab.sh
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -20,6 +26,19 @@ if [ "${TESTS:-1}" = 1 ]; then
 		timeout 300 /tmp/ab-build-$n/tests/gpu/test_gpu_attn > "$OUT/test-$n.log" 2>&1
 		echo "test $n: $(grep -E 'Synthesis' "$OUT/test-$n.log")"
 		grep -E "\[FAIL\]" "$OUT/test-$n.log" | head -5
+	done
+fi
+if [ "${NCU:-0}" = 1 ]; then
+	for n in $names; do
+		timeout 150 ncu --clock-control none --kernel-name-base function \
+			--kernel-name regex:'^k_attn_packed_tc$' --csv --print-units base \
+			--metrics gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread \
+			/tmp/ab-build-$n/bench/attn --ctx "${NCU_CTX:-1048576}" --batch 1 --once 1 \
+			> "$OUT/ncu-$n.csv" 2>&1
+		echo "== ncu $n (a line per launch)"
+		grep -E '"(gpu__time_duration|smsp__inst_executed|launch__registers)' "$OUT/ncu-$n.csv" |
+			awk -F'","' '{v = $NF; gsub(/[",]/, "", v); printf "%s%s", v, (++k % 3 ? " " : "\n")}' |
+			awk '{printf "  %.1f us  %s regs  %s inst\n", $1 / 1000, $2, $3}'
 	done
 fi
 : > "$OUT/summary.txt"
