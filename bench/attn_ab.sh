@@ -30,15 +30,9 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 if [ "${NCU:-0}" = 1 ]; then
 	for n in $names; do
-		timeout 150 ncu --clock-control none --kernel-name-base function \
-			--kernel-name regex:'^k_attn_packed_tc$' --csv --print-units base \
-			--metrics gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread \
-			/tmp/ab-build-$n/bench/attn --ctx "${NCU_CTX:-1048576}" --batch 1 --once 1 \
-			> "$OUT/ncu-$n.csv" 2>&1
 		echo "== ncu $n (a line per launch)"
-		grep -E '"(gpu__time_duration|smsp__inst_executed|launch__registers)' "$OUT/ncu-$n.csv" |
-			awk -F'","' '{v = $NF; gsub(/[",]/, "", v); printf "%s%s", v, (++k % 3 ? " " : "\n")}' |
-			awk '{printf "  %.1f us  %s regs  %s inst\n", $1 / 1000, $2, $3}'
+		ab_ncu "$OUT/ncu-$n.csv" '^k_attn_packed_tc$' "" \
+			/tmp/ab-build-$n/bench/attn --ctx "${NCU_CTX:-1048576}" --batch 1 --once 1
 	done
 fi
 : > "$OUT/summary.txt"
