@@ -3413,7 +3413,7 @@ __host__ __device__ __forceinline__ uint32_t st_rs(uint32_t rs, bool pad)
  * SM at <= 96 registers, R_v read from L2 where a CTA rotates back.  The
  * kernel is latency-bound (~0.45 issues a scheduler cycle at 16 warps), so
  * the fifth CTA pays: at 1M tokens on the H200 the attention kernel took
- * 10-13 % less time than with two stages at four CTAs (-DST_SMALL_NS=2,
+ * 7-13 % less time than with two stages at four CTAs (-DST_SMALL_NS=2,
  * kept for comparison; gpu/NOTES.md, twenty-seventh session).
  */
 #ifndef ST_SMALL_NS
