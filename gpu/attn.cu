@@ -3525,18 +3525,37 @@ __device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, u
 		const uint32_t dkr = d + offsetof(struct st_stage<RB>, krow);
 		const uint32_t dvr = d + offsetof(struct st_stage<RB>, vrow);
 		const uint32_t dvb = d + offsetof(struct st_stage<RB>, vbm);
+		if (sg.k_rs == 32 && sg.v_rs == 32) {
+			/* rows of 64 bytes (the bench's bf16 r = 32, the decode
+			 * default's 6-bit rows): two pieces a lane a half, their
+			 * padded places fixed (st_pad_of: 16 bytes after every
+			 * row, so piece o + 512 lands 640 past piece o) */
+			const uint32_t o = lane * 16, at = o + ((o >> 6) << 4);
+#pragma unroll
+			for (uint32_t i = 0; i < 2; i++) {
+				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+						     dkr + at + 640 * i),
+					     "l"(kr + o + 512 * i)
+					     : "memory");
+				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+						     dvr + at + 640 * i),
+					     "l"(vr + o + 512 * i)
+					     : "memory");
+			}
+		} else {
 #pragma unroll 1
-		for (uint32_t o = lane * 16; o < sg.k_rs * 32; o += 512)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-					     dkr + o + st_pad_of(o, sg.k_rs)),
-				     "l"(kr + o)
-				     : "memory");
+			for (uint32_t o = lane * 16; o < sg.k_rs * 32; o += 512)
+				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+						     dkr + o + st_pad_of(o, sg.k_rs)),
+					     "l"(kr + o)
+					     : "memory");
 #pragma unroll 1
-		for (uint32_t o = lane * 16; o < sg.v_rs * 32; o += 512)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-					     dvr + o + st_pad_of(o, sg.v_rs)),
-				     "l"(vr + o)
-				     : "memory");
+			for (uint32_t o = lane * 16; o < sg.v_rs * 32; o += 512)
+				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+						     dvr + o + st_pad_of(o, sg.v_rs)),
+					     "l"(vr + o)
+					     : "memory");
+		}
 		if ((uint32_t)lane < sg.k_bw * 4)
 			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + lane * 16),
 				     "l"(kb + lane * 16)
