@@ -3484,6 +3484,13 @@ int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d)
 	return sg && st_small_ok(*sg, d);
 }
 
+/* One 16-byte cp.async from global @src to shared address @dst (both
+ * 16-aligned), ordered as a memory operation for the compiler. */
+__device__ __forceinline__ void cps16(uint32_t dst, const void *src)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
 /* @bytes (a multiple of 4) from @src to shared @dst (16-aligned) by the
  * warp, 16 bytes a copy where the source allows. */
 __device__ __forceinline__ void st_copy(uint32_t dst, const void *src, uint32_t bytes, int lane)
@@ -3491,9 +3498,7 @@ __device__ __forceinline__ void st_copy(uint32_t dst, const void *src, uint32_t 
 	const char *s = (const char *)src;
 	if ((((uintptr_t)s | bytes) & 15u) == 0) {
 		for (uint32_t o = lane * 16; o < bytes; o += 512)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + o),
-				     "l"(s + o)
-				     : "memory");
+			cps16(dst + o, s + o);
 	} else {
 		for (uint32_t o = lane * 4; o < bytes; o += 128)
 			asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst + o),
@@ -3533,37 +3538,21 @@ __device__ __forceinline__ void st_fill(const struct gpu_seg &sg, uint32_t t0, u
 			const uint32_t o = lane * 16, at = o + ((o >> 6) << 4);
 #pragma unroll
 			for (uint32_t i = 0; i < 2; i++) {
-				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-						     dkr + at + 640 * i),
-					     "l"(kr + o + 512 * i)
-					     : "memory");
-				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-						     dvr + at + 640 * i),
-					     "l"(vr + o + 512 * i)
-					     : "memory");
+				cps16(dkr + at + 640 * i, kr + o + 512 * i);
+				cps16(dvr + at + 640 * i, vr + o + 512 * i);
 			}
 		} else {
 #pragma unroll 1
 			for (uint32_t o = lane * 16; o < sg.k_rs * 32; o += 512)
-				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-						     dkr + o + st_pad_of(o, sg.k_rs)),
-					     "l"(kr + o)
-					     : "memory");
+				cps16(dkr + o + st_pad_of(o, sg.k_rs), kr + o);
 #pragma unroll 1
 			for (uint32_t o = lane * 16; o < sg.v_rs * 32; o += 512)
-				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-						     dvr + o + st_pad_of(o, sg.v_rs)),
-					     "l"(vr + o)
-					     : "memory");
+				cps16(dvr + o + st_pad_of(o, sg.v_rs), vr + o);
 		}
 		if ((uint32_t)lane < sg.k_bw * 4)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + lane * 16),
-				     "l"(kb + lane * 16)
-				     : "memory");
+			cps16(d + lane * 16, kb + lane * 16);
 		if ((uint32_t)lane < sg.v_bw * 4)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dvb + lane * 16),
-				     "l"(vb + lane * 16)
-				     : "memory");
+			cps16(dvb + lane * 16, vb + lane * 16);
 		asm volatile("cp.async.commit_group;" ::: "memory");
 		return;
 	}
@@ -3621,21 +3610,13 @@ __device__ __forceinline__ void st_fill_pos(const struct gpu_seg &sg, uint32_t t
 		for (int i = 0; i < 2; i++) {
 			const uint32_t q = lane + 32 * i, row = q >> 2, m = q & 3;
 			const uint32_t at = row * 64 + ((m ^ ((row >> 1) & 3)) << 4);
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-					     d + SP_KROW + at), "l"(kr + 16 * q)
-				     : "memory");
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-					     d + SP_VROW + at), "l"(vr + 16 * q)
-				     : "memory");
+			cps16(d + SP_KROW + at, kr + 16 * q);
+			cps16(d + SP_VROW + at, vr + 16 * q);
 		}
 		const uint32_t row = lane >> 1, m = lane & 1;
 		const uint32_t at = row * 32 + ((m ^ ((row >> 2) & 1)) << 4);
-		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + SP_KPOS + at),
-			     "l"(kp + 16 * lane)
-			     : "memory");
-		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + SP_VPOS + at),
-			     "l"(vp + 16 * lane)
-			     : "memory");
+		cps16(d + SP_KPOS + at, kp + 16 * lane);
+		cps16(d + SP_VPOS + at, vp + 16 * lane);
 		asm volatile("cp.async.commit_group;" ::: "memory");
 		return;
 	}
@@ -3653,9 +3634,7 @@ __device__ __forceinline__ void st_fill_pos(const struct gpu_seg &sg, uint32_t t
 				uint32_t row = lg || np == 1 ? (o >> 4) >> lg : (o >> 4) / np;
 				uint32_t m = (o >> 4) - row * np;
 				uint32_t at = row * rb + ((m ^ st_swz(row, np)) << 4);
-				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + at),
-					     "l"(src + o)
-					     : "memory");
+				cps16(dst + at, src + o);
 			}
 		}
 		asm volatile("cp.async.commit_group;" ::: "memory");
