@@ -3040,6 +3040,31 @@ struct tcstate {
 	float acc[16][2];   /* O' fragment per 8-channel tile (rows 0..7) */
 };
 
+/* A 16-token sub-block's online softmax for this lane's head (g): S in
+ * @s, two 8-token tiles (tokens 2tig, 2tig + 1 and 8 + 2tig, 9 + 2tig),
+ * tokens at or past @nt masked.  Updates st.m and st.l; returns the old
+ * state's rescale factor, P as two fp16 pairs in @pa0, @pa2. */
+template <int NQ>
+__device__ __forceinline__ float tc_softmax(const float (&s)[2][2], int nt, int tig,
+					    tcstate<NQ> &st, uint32_t &pa0, uint32_t &pa2)
+{
+	float x0 = 2 * tig < nt ? s[0][0] : -INFINITY;
+	float x1 = 2 * tig + 1 < nt ? s[0][1] : -INFINITY;
+	float x2 = 8 + 2 * tig < nt ? s[1][0] : -INFINITY;
+	float x3 = 9 + 2 * tig < nt ? s[1][1] : -INFINITY;
+	float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
+	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+	float mn = fmaxf(st.m, mx);
+	float al = exp2f(st.m - mn);
+	st.m = mn;
+	float p0 = exp2f(x0 - mn), p1 = exp2f(x1 - mn), p2 = exp2f(x2 - mn), p3 = exp2f(x3 - mn);
+	st.l = st.l * al + (p0 + p1 + p2 + p3);
+	pa0 = h2pack(p0, p1);
+	pa2 = h2pack(p2, p3);
+	return al;
+}
+
 template <int NQ>
 __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, int nt,
 				       const uint32_t (&qa)[8][2], struct tc_warp_tiles &T,
@@ -3105,22 +3130,10 @@ __device__ __forceinline__ void tc_sub(const struct gpu_seg &sg, uint32_t t0, in
 				mma16816_top(s[n][0], s[n][1], qa[ks][0], qa[ks][1], b0, b1);
 			}
 	}
-	/* lane holds head g, tokens 2tig, 2tig+1 (n = 0) and 8 + 2tig, 9 + 2tig */
-	float x0 = 2 * tig < nt ? s[0][0] : -INFINITY;
-	float x1 = 2 * tig + 1 < nt ? s[0][1] : -INFINITY;
-	float x2 = 8 + 2 * tig < nt ? s[1][0] : -INFINITY;
-	float x3 = 9 + 2 * tig < nt ? s[1][1] : -INFINITY;
-	float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
-	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-	float mn = fmaxf(st.m, mx);
-	float al = exp2f(st.m - mn);
-	st.m = mn;
-	float p0 = exp2f(x0 - mn), p1 = exp2f(x1 - mn), p2 = exp2f(x2 - mn), p3 = exp2f(x3 - mn);
-	st.l = st.l * al + (p0 + p1 + p2 + p3);
+	uint32_t pa0, pa2;
+	const float al = tc_softmax(s, nt, tig, st, pa0, pa2);
 	uint32_t nnt = (sg.v_dk + 7) >> 3;
 	const __half *vrow = T.v + g * TV_LD + 2 * tig;
-	uint32_t pa0 = h2pack(p0, p1), pa2 = h2pack(p2, p3);
 	/* O' = O' al + P V̂ */
 #pragma unroll
 	for (int n = 0; n < 16; n++)
@@ -3306,19 +3319,8 @@ __device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0,
 			mma16816_top(s[n][0], s[n][1], qa[ks][0], qa[ks][1], b0, b1);
 		}
 	}
-	float x0 = 2 * tig < nt ? s[0][0] : -INFINITY;
-	float x1 = 2 * tig + 1 < nt ? s[0][1] : -INFINITY;
-	float x2 = 8 + 2 * tig < nt ? s[1][0] : -INFINITY;
-	float x3 = 9 + 2 * tig < nt ? s[1][1] : -INFINITY;
-	float mx = fmaxf(fmaxf(x0, x1), fmaxf(x2, x3));
-	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-	float mn = fmaxf(st.m, mx);
-	float al = exp2f(st.m - mn);
-	st.m = mn;
-	float p0 = exp2f(x0 - mn), p1 = exp2f(x1 - mn), p2 = exp2f(x2 - mn), p3 = exp2f(x3 - mn);
-	st.l = st.l * al + (p0 + p1 + p2 + p3);
-	uint32_t pa0 = h2pack(p0, p1), pa2 = h2pack(p2, p3);
+	uint32_t pa0, pa2;
+	const float al = tc_softmax(s, nt, tig, st, pa0, pa2);
 	/* O' = O' al + P V̂; ldmatrix lane address: matrix lane / 8 = tokens
 	 * +0 / +8 (bit 0), n-tile +0 / +1 (bit 1), row lane % 8 */
 	const uint32_t vaddr = (uint32_t)__cvta_generic_to_shared(
