@@ -1183,6 +1183,28 @@ __device__ __forceinline__ uint32_t chunk_key(uint32_t si, uint32_t i, uint32_t 
  * memory (L2), then an ordered compaction over contiguous per-thread
  * ranges.  Used when the histogram path finds too many candidates (many
  * equal scores).  Returns the number selected. */
+/* select_slow's take rule, one block at a time in index order: 0 not
+ * taken, 1 taken, 2 taken as a tie (key == @kstar while the budget lasts:
+ * *@P, the tie weight before @i, grows by block @i's tokens).  Both of its
+ * passes call it so the count and the write cannot disagree. */
+__device__ __forceinline__ int slow_take(uint32_t i, int mode, const float *scores,
+					 const uint8_t *ntok, uint32_t kstar, uint64_t above,
+					 uint64_t need, uint32_t *P)
+{
+	if (i == 0 || mode == 1)
+		return 1;
+	if (mode == 2)
+		return 0;
+	uint32_t k = fkey(scores[i]);
+	if (k > kstar)
+		return 1;
+	if (k != kstar)
+		return 0;
+	bool s = above + *P < need;
+	*P += ntok[i];
+	return s ? 2 : 0;
+}
+
 __device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mode, char *ws,
 				const struct ws_layout &L, uint32_t h)
 {
@@ -1255,24 +1277,10 @@ __device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mo
 	uint32_t P0 = block_excl_scan(tiew, scan_sh, &tot), P = P0;
 	uint32_t cnt = 0, tmax = 0;
 	for (uint32_t i = i0; i < i1; i++) {
-		bool s;
-		if (i == 0 || mode == 1)
-			s = true;
-		else if (mode == 2)
-			s = false;
-		else {
-			uint32_t k = fkey(scores[i]);
-			if (k > kstar)
-				s = true;
-			else if (k == kstar) {
-				s = above + P < need;
-				P += ntok[i];
-				if (s)
-					tmax = i; /* ties are taken in index order */
-			} else
-				s = false;
-		}
-		cnt += s;
+		int t = slow_take(i, mode, scores, ntok, kstar, above, need, &P);
+		if (t == 2)
+			tmax = i; /* ties are taken in index order */
+		cnt += t != 0;
 	}
 	/* the cut as sel_take reads it (every select leaves it) */
 	__syncthreads();
@@ -1294,38 +1302,12 @@ __device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mo
 	uint32_t off = block_excl_scan(cnt, scan_sh, &nsel);
 	P = P0;
 	if (i0 < i1) {
-		uint32_t si = 0;
-		if (src.segs) {
-			uint32_t lo = 0, hi = src.nseg - 1;
-			while (lo < hi) {
-				uint32_t mid = (lo + hi + 1) >> 1;
-				if (src.segs[mid].block0 <= i0)
-					lo = mid;
-				else
-					hi = mid - 1;
-			}
-			si = lo;
-		}
+		uint32_t si = src.segs ? seg_of_block(src.segs, src.nseg, i0) : 0;
 		uint32_t *selkey = WSP(uint32_t, L, selkey, ws, h);
 		for (uint32_t i = i0; i < i1; i++) {
 			while (src.segs && si + 1 < src.nseg && src.segs[si + 1].block0 <= i)
 				si++;
-			bool s;
-			if (i == 0 || mode == 1)
-				s = true;
-			else if (mode == 2)
-				s = false;
-			else {
-				uint32_t k = fkey(scores[i]);
-				if (k > kstar)
-					s = true;
-				else if (k == kstar) {
-					s = above + P < need;
-					P += ntok[i];
-				} else
-					s = false;
-			}
-			if (s) {
+			if (slow_take(i, mode, scores, ntok, kstar, above, need, &P)) {
 				sel[off] = i;
 				selseg[off] = si;
 				selkey[off] = chunk_key(si, i, block0_of(src, si), src.cwl);
