@@ -14,6 +14,7 @@ Usage: bench/ncu_src.py src.csv [--blocks N] [--lines N]
 import argparse
 import collections
 import csv
+import os
 import sys
 
 STALL_ALL = "Warp Stall Sampling (All Samples)"
@@ -117,4 +118,10 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:
+        # a reader that stops early (`| head`): not an error; stdout is
+        # pointed at /dev/null so the interpreter's own flush stays quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
