@@ -1265,8 +1265,13 @@ Test(gpu, packed_sum8_long_chunk64, .timeout = 120)
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
 
-/* One context of 65,536 blocks of 16 (1M tokens) in 16 segments: random
- * bf16 summaries (min <= max), or all equal; identity key rotation. */
+/* One context of @nb blocks of 16 in @nseg (<= 16) equal segments,
+ * identity key rotation, bf16 summaries (min <= max): independent random
+ * (@groups 0), all equal (1), or @groups patterns, block j taking pattern
+ * synth_group(j, groups), pattern g = (1 + g) times one random magnitude
+ * row u: min -u (1 + g), max u (1 + g), so every head's score of a block
+ * is (1 + g) sum |q'| u: the patterns' scores far apart (ratios >= 8/7),
+ * a pattern's blocks exactly alike (ties). */
 struct synth1m {
 	uint32_t nb, b, S, d, nq, dk, nseg;
 	uint16_t *mn, *mx, *rot;
@@ -1274,16 +1279,36 @@ struct synth1m {
 	struct gpu_head hh;
 };
 
-static void synth1m_build(struct synth1m *m, struct gu_rng *rng, int all_equal)
+static uint32_t synth_group(uint32_t j, uint32_t groups)
+{
+	return (uint32_t)(((uint64_t)j * 2654435761u >> 7) % groups);
+}
+
+static void synth_build(struct synth1m *m, struct gu_rng *rng, uint32_t nb, uint32_t nseg,
+			uint32_t groups)
 {
 	memset(m, 0, sizeof *m);
-	m->nb = 65536, m->b = 16, m->S = 32, m->d = 128, m->nq = 4, m->dk = 96, m->nseg = 16;
-	const uint32_t nb = m->nb, S = m->S, bps = nb / m->nseg;
+	cr_assert(nseg >= 1 && nseg <= 16 && nb % nseg == 0);
+	m->nb = nb, m->b = 16, m->S = 32, m->d = 128, m->nq = 4, m->dk = 96, m->nseg = nseg;
+	const uint32_t S = m->S, bps = nb / m->nseg;
 	m->mn = malloc(2 * (size_t)nb * S);
 	m->mx = malloc(2 * (size_t)nb * S);
+	float u[32];
+	for (uint32_t ch = 0; ch < S && groups >= 2; ch++)
+		u[ch] = 0.1f + (float)fabs(gu_normal(rng));
 	for (size_t i = 0; i < (size_t)nb * S; i++) {
-		float a = all_equal ? 0.25f : (float)gu_normal(rng);
-		float z = all_equal ? 0.5f : a + (float)fabs(gu_normal(rng));
+		float a, z;
+		if (groups == 0) {
+			a = (float)gu_normal(rng);
+			z = a + (float)fabs(gu_normal(rng));
+		} else if (groups == 1) {
+			a = 0.25f;
+			z = 0.5f;
+		} else {
+			float sc = (float)(1 + synth_group((uint32_t)(i / S), groups));
+			z = sc * u[i % S];
+			a = -z;
+		}
 		m->mn[i] = gu_bf16(a);
 		m->mx[i] = gu_bf16(z);
 		if (gu_f32(m->mx[i]) < gu_f32(m->mn[i]))
@@ -1315,6 +1340,30 @@ static void synth1m_build(struct synth1m *m, struct gu_rng *rng, int all_equal)
 	m->hh.n_hist = (uint64_t)nb * m->b;
 }
 
+/* 65,536 blocks of 16 (1M tokens) in 16 segments */
+static void synth1m_build(struct synth1m *m, struct gu_rng *rng, int all_equal)
+{
+	synth_build(m, rng, 65536, 16, all_equal ? 1 : 0);
+}
+
+/* The CPU's score of synthetic block @j for query @q (identity rotation:
+ * q' is q's first channels), the best over the @nq heads. */
+static float synth_score(const struct synth1m *m, const float *q, uint32_t j)
+{
+	float best = -INFINITY;
+	for (uint32_t h = 0; h < m->nq; h++) {
+		float s = 0.0f;
+		for (uint32_t ch = 0; ch < m->S; ch++) {
+			float qv = q[h * m->d + ch];
+			float a = qv * gu_f32(m->mn[(size_t)j * m->S + ch]);
+			float z = qv * gu_f32(m->mx[(size_t)j * m->S + ch]);
+			s += a > z ? a : z;
+		}
+		best = s > best ? s : best;
+	}
+	return best;
+}
+
 static void synth1m_free(struct synth1m *m)
 {
 	free(m->mn);
@@ -1336,8 +1385,7 @@ Test(gpu, select_1m_tokens)
 	gu_rng_init(&rng, seed);
 	struct synth1m m;
 	synth1m_build(&m, &rng, 0);
-	const uint32_t nb = m.nb, b = m.b, S = m.S, d = m.d, nq = m.nq, nseg = m.nseg;
-	const uint16_t *mn = m.mn, *mx = m.mx;
+	const uint32_t nb = m.nb, b = m.b, d = m.d, nq = m.nq, nseg = m.nseg;
 	struct run r;
 	run_init(&r, &rng, 1, nq, d, 0.1);
 	run_args(&r, nseg, nb, 0, 16);
@@ -1355,17 +1403,7 @@ Test(gpu, select_1m_tokens)
 	cr_assert_eq(cnt[0], want, "seed %llu: %u selected, want %u", (unsigned long long)seed,
 		     cnt[0], want);
 	for (uint32_t j = 0; j < nb; j++) {
-		float best = -INFINITY;
-		for (uint32_t h = 0; h < nq; h++) {
-			float s = 0.0f, qv;
-			for (uint32_t ch = 0; ch < S; ch++) {
-				qv = r.q[h * d + ch];
-				float a = qv * gu_f32(mn[(size_t)j * S + ch]);
-				float z = qv * gu_f32(mx[(size_t)j * S + ch]);
-				s += a > z ? a : z;
-			}
-			best = s > best ? s : best;
-		}
+		float best = synth_score(&m, r.q, j);
 		cr_assert(fabsf(best - gs[j]) <= 1e-5f * (fabsf(best) + 1.0f), "block %u: %g vs %g", j,
 			  gs[j], best);
 	}
@@ -1570,6 +1608,107 @@ static void many_ctas_1m(int all_equal)
 
 Test(gpu, select_many_ctas_1m) { many_ctas_1m(0); }
 Test(gpu, select_many_ctas_1m_all_ties) { many_ctas_1m(1); }
+
+/* qsort's order for ties_at_cut: score descending, then block index */
+static const float *g_sort_scores;
+static int by_score_then_index(const void *pa, const void *pb)
+{
+	uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+	float sa = g_sort_scores[a], sb = g_sort_scores[b];
+	if (sa != sb)
+		return sa > sb ? -1 : 1;
+	return a < b ? -1 : a > b;
+}
+
+/*
+ * Ties at the cut on the fast path: 4,096 blocks in 4 segments whose
+ * summaries come in 8 patterns (synth_build), so that the cut falls
+ * inside a pattern of ~512 exactly equal scores, few enough for the
+ * candidate buffer.  The many-CTA and the one-CTA select (lists and cuts)
+ * must take what the rule takes on the CPU's scores: the sink, then
+ * blocks by score and, among equal scores, by index, while the tokens
+ * before stay under the budget.
+ */
+static void ties_at_cut(double frac)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	struct synth1m m;
+	synth_build(&m, &rng, 4096, 4, 8);
+	const uint32_t nb = m.nb, b = m.b;
+	struct run r;
+	run_init(&r, &rng, 1, m.nq, m.d, frac);
+	run_args(&r, m.nseg, nb, 0, 16);
+	r.dheads = gu_upload(&m.hh, sizeof m.hh);
+	float *cs = malloc(4 * (size_t)nb), *gs = malloc(4 * (size_t)nb);
+	uint32_t *ord = malloc(4 * (size_t)nb);
+	for (uint32_t j = 0; j < nb; j++) {
+		cs[j] = synth_score(&m, r.q, j);
+		ord[j] = j;
+	}
+	g_sort_scores = cs;
+	qsort(ord + 1, nb - 1, sizeof *ord, by_score_then_index);
+	uint64_t budget = (uint64_t)ceil(frac * (double)nb * b), got = b; /* the sink's */
+	uint8_t *want = calloc(nb, 1);
+	cr_assert(want && nb >= 2);
+	uint32_t nwant = 1, last = 0;
+	want[0] = 1;
+	for (uint32_t i = 1; i < nb && got < budget; i++, nwant++, got += b)
+		want[last = ord[i]] = 1;
+	/* the construction: the cut splits a pattern of equal scores */
+	uint32_t tie_in = 0, tie_out = 0;
+	for (uint32_t j = 1; j < nb; j++)
+		if (cs[j] == cs[last]) {
+			if (want[j])
+				tie_in++;
+			else
+				tie_out++;
+		}
+	cr_assert(tie_in > 1 && tie_out > 1, "seed %llu: %u ties taken, %u left",
+		  (unsigned long long)seed, tie_in, tie_out);
+	for (int pass = 0; pass < 2; pass++) {
+		r.a.flags = pass ? GPU_ATTN_SELECT_ONE_CTA : GPU_ATTN_SELECT_MANY_CTAS;
+		GU_CK(cudaMemset(r.ws, 0xff, r.a.ws_bytes));
+		cr_assert_eq(gpu_score_select(&r.a, r.dheads, 0), 0);
+		GU_CK(cudaDeviceSynchronize());
+		/* the GPU's scores tie where the CPU's do */
+		GU_CK(cudaMemcpy(gs, gpu_ws_scores(&r.a, 0), 4 * (size_t)nb,
+				 cudaMemcpyDeviceToHost));
+		for (uint32_t j = 1; j < nb; j++)
+			if (cs[j] == cs[last])
+				cr_assert(gs[j] == gs[last], "seed %llu: block %u %.9g, block %u %.9g",
+					  (unsigned long long)seed, j, gs[j], last, gs[last]);
+		struct sel_out o;
+		sel_fetch(&r, 0, &o);
+		uint32_t n = 0;
+		for (uint32_t j = 0; j < nb; j++) {
+			if (!want[j])
+				continue;
+			cr_assert(n < o.cnt[0] && o.sel[n] == j,
+				  "seed %llu pass %d: block %u wanted, the list has %u at %u",
+				  (unsigned long long)seed, pass, j, n < o.cnt[0] ? o.sel[n] : 0u, n);
+			n++;
+		}
+		cr_assert_eq(o.cnt[0], nwant, "seed %llu pass %d: %u selected, want %u",
+			     (unsigned long long)seed, pass, o.cnt[0], nwant);
+		cut_equals_list(&r, 0, nb, &o, seed);
+		free(o.sel);
+		free(o.chunk);
+	}
+	r.a.flags = g_flags;
+	cr_assert_eq(same_selection(&r, r.dheads, seed, &nb, 0), nwant);
+	free(cs);
+	free(gs);
+	free(ord);
+	free(want);
+	synth1m_free(&m);
+	run_free(&r);
+}
+
+Test(gpu, select_ties_at_cut) { ties_at_cut(0.1); }
+Test(gpu, select_ties_at_cut_third_pattern) { ties_at_cut(0.3); }
 
 /* With every block selected and r = d (no drop), PackedAttention equals
  * dense attention over the original tokens. */
