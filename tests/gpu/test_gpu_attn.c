@@ -1621,22 +1621,23 @@ static int by_score_then_index(const void *pa, const void *pb)
 }
 
 /*
- * Ties at the cut on the fast path: 4,096 blocks in 4 segments whose
- * summaries come in 8 patterns (synth_build), so that the cut falls
- * inside a pattern of ~512 exactly equal scores, few enough for the
- * candidate buffer.  The many-CTA and the one-CTA select (lists and cuts)
+ * Ties at the cut on the fast path: @nb blocks in 4 segments whose
+ * summaries come in @groups patterns (synth_build), so that the cut falls
+ * inside a pattern of nb / groups exactly equal scores, few enough for the
+ * candidate buffer (SEL_CAP, 8,192) and, up to 2,048, for sel_exact's
+ * list of ties (more: its loop over every candidate instead).  The many-CTA and the one-CTA select (lists and cuts)
  * must take what the rule takes on the CPU's scores: the sink, then
  * blocks by score and, among equal scores, by index, while the tokens
  * before stay under the budget.
  */
-static void ties_at_cut(double frac)
+static void ties_at_cut(uint32_t nb_, uint32_t groups, double frac)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
 	struct synth1m m;
-	synth_build(&m, &rng, 4096, 4, 8);
+	synth_build(&m, &rng, nb_, 4, groups);
 	const uint32_t nb = m.nb, b = m.b;
 	struct run r;
 	run_init(&r, &rng, 1, m.nq, m.d, frac);
@@ -1707,8 +1708,10 @@ static void ties_at_cut(double frac)
 	run_free(&r);
 }
 
-Test(gpu, select_ties_at_cut) { ties_at_cut(0.1); }
-Test(gpu, select_ties_at_cut_third_pattern) { ties_at_cut(0.3); }
+Test(gpu, select_ties_at_cut) { ties_at_cut(4096, 8, 0.1); }
+Test(gpu, select_ties_at_cut_third_pattern) { ties_at_cut(4096, 8, 0.3); }
+/* 4,096 ties: past sel_exact's list, within the candidate buffer */
+Test(gpu, select_ties_past_the_tie_list) { ties_at_cut(8192, 2, 0.1); }
 
 /* With every block selected and r = d (no drop), PackedAttention equals
  * dense attention over the original tokens. */
