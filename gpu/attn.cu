@@ -1179,10 +1179,6 @@ __device__ __forceinline__ uint32_t chunk_key(uint32_t si, uint32_t i, uint32_t 
 	return (si << 8) | ((i - blk0) >> cwl);
 }
 
-/* The general path (v1): three radix passes over all scores in global
- * memory (L2), then an ordered compaction over contiguous per-thread
- * ranges.  Used when the histogram path finds too many candidates (many
- * equal scores).  Returns the number selected. */
 /* select_slow's take rule, one block at a time in index order: 0 not
  * taken, 1 taken, 2 taken as a tie (key == @kstar while the budget lasts:
  * *@P, the tie weight before @i, grows by block @i's tokens).  Both of its
@@ -1205,6 +1201,10 @@ __device__ __forceinline__ int slow_take(uint32_t i, int mode, const float *scor
 	return s ? 2 : 0;
 }
 
+/* The general path (v1): three radix passes over all scores in global
+ * memory (L2), then an ordered compaction over contiguous per-thread
+ * ranges.  Used when the histogram path finds too many candidates (many
+ * equal scores).  Returns the number selected. */
 __device__ uint32_t select_slow(const struct sel_src &src, uint64_t need, int mode, char *ws,
 				const struct ws_layout &L, uint32_t h)
 {

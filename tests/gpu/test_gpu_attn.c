@@ -1621,14 +1621,15 @@ static int by_score_then_index(const void *pa, const void *pb)
 }
 
 /*
- * Ties at the cut on the fast path: @nb blocks in 4 segments whose
+ * Ties at the cut on the fast path: @nb_ blocks in 4 segments whose
  * summaries come in @groups patterns (synth_build), so that the cut falls
- * inside a pattern of nb / groups exactly equal scores, few enough for the
- * candidate buffer (SEL_CAP, 8,192) and, up to 2,048, for sel_exact's
- * list of ties (more: its loop over every candidate instead).  The many-CTA and the one-CTA select (lists and cuts)
- * must take what the rule takes on the CPU's scores: the sink, then
- * blocks by score and, among equal scores, by index, while the tokens
- * before stay under the budget.
+ * inside a pattern of nb_ / groups exactly equal scores, few enough for
+ * the candidate buffer (SEL_CAP, 8,192) and, up to 2,048, for
+ * sel_exact's list of ties (more: its loop over every candidate).  The
+ * many-CTA and the one-CTA select (lists and cuts) must take what the
+ * rule takes on the CPU's scores: the sink, then blocks by score and,
+ * among equal scores, by index, while the tokens before stay under the
+ * budget.
  */
 static void ties_at_cut(uint32_t nb_, uint32_t groups, double frac)
 {
