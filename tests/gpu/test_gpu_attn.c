@@ -1621,9 +1621,9 @@ static int by_score_then_index(const void *pa, const void *pb)
 }
 
 /*
- * Ties at the cut on the fast path: @nb_ blocks in 4 segments whose
+ * Ties at the cut on the fast path: @nb blocks in 4 segments whose
  * summaries come in @groups patterns (synth_build), so that the cut falls
- * inside a pattern of nb_ / groups exactly equal scores, few enough for
+ * inside a pattern of nb / groups exactly equal scores, few enough for
  * the candidate buffer (SEL_CAP, 8,192) and, up to 2,048, for
  * sel_exact's list of ties (more: its loop over every candidate).  The
  * many-CTA and the one-CTA select (lists and cuts) must take what the
@@ -1631,15 +1631,15 @@ static int by_score_then_index(const void *pa, const void *pb)
  * among equal scores, by index, while the tokens before stay under the
  * budget.
  */
-static void ties_at_cut(uint32_t nb_, uint32_t groups, double frac)
+static void ties_at_cut(uint32_t nb, uint32_t groups, double frac)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
 	struct synth1m m;
-	synth_build(&m, &rng, nb_, 4, groups);
-	const uint32_t nb = m.nb, b = m.b;
+	synth_build(&m, &rng, nb, 4, groups);
+	const uint32_t b = m.b;
 	struct run r;
 	run_init(&r, &rng, 1, m.nq, m.d, frac);
 	run_args(&r, m.nseg, nb, 0, 16);
