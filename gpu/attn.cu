@@ -84,6 +84,8 @@ struct ws_layout {
 	uint32_t cwl;      /* blocks per work chunk: 1 << cwl (chunk_lg) */
 	uint32_t cut_only; /* select: leave the cut for the attention kernel,
 			    * no list (set by the launch, not by ws_plan) */
+	uint32_t pl;       /* slots a window, log2 (parts_lg; 0 but for the
+			    * packed kernel where the select leaves the cut) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -152,6 +154,33 @@ static int cut_only_of(const struct gpu_attn_args *a)
 	       (uint64_t)a->n_heads * a->max_blocks < CHUNK_WIDE_BLOCKS;
 }
 
+/*
+ * Slots (CTAs) a window of the cut-only path, log2: a window that holds
+ * n > PART_BLOCKS selected blocks is split in ceil(n / PART_BLOCKS) equal
+ * parts, as many as it has slots (packed_cta_work).  Why: a CTA's time is about a fixed cost plus a
+ * per-block one (H200, 1M tokens, batch 1: 23,000 + 1,300 cycles a
+ * selected block), and where the selection clusters some windows hold
+ * five times the mean; the step then waits on them (1M: the SMs' busy
+ * cycles averaged 0.77 of the busiest's; 256K, fewer windows than CTA
+ * slots: the kernel lasted as long as its heaviest window, twice the
+ * mean).  Two where windows are wider than 64 blocks; one for windows of
+ * 64, which hold two parts at most and where the second slot's CTA cost
+ * more than it saved (H200, batch 1, µs with one / two / four slots:
+ * 32K 59.4 / 62.1 / 69.2; 128K 79.9 / 77.1 / 82.2; 256K 114.2 / 95.7 /
+ * 97.3; 1M 227.4 / 218.3 / 224.0).  GPU_ATTN_PARTS_1 / _2 / _4 force one.
+ */
+#define PART_BLOCKS 32
+static uint32_t parts_lg(const struct gpu_attn_args *a, uint32_t cwl)
+{
+	if (a->flags & GPU_ATTN_PARTS_1)
+		return 0;
+	if (a->flags & GPU_ATTN_PARTS_2)
+		return 1;
+	if (a->flags & GPU_ATTN_PARTS_4)
+		return 2;
+	return cwl > 6 ? 1 : 0;
+}
+
 static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 {
 	struct ws_layout L;
@@ -165,8 +194,13 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 		L.max_chunks = (uint32_t)((ntok + DENSE_T - 1) / DENSE_T);
 	} else {
 		L.max_chunks = (uint32_t)(nb / cw + (m == WS_PACKED ? ns : 1) + 1);
-		if (m == WS_PACKED)
+		if (m == WS_PACKED) {
 			L.buf_chunks = (uint32_t)((a->max_buf_blocks + cw - 1) / cw);
+			/* the window table keeps a word a window: its count stays
+			 * at [max_chunks], past them */
+			L.pl = cut_only_of(a) ? parts_lg(a, L.cwl) : 0;
+			L.max_chunks <<= L.pl;
+		}
 	}
 	L.slots = L.max_chunks + L.buf_chunks + L.win_tiles;
 	L.max_segs = a->max_segs;
@@ -209,8 +243,9 @@ size_t gpu_attn_ws_bytes(const struct gpu_attn_args *a)
 		return 0;
 	/* the narrowest chunks have the most slots: the size for any width */
 	struct gpu_attn_args b = *a;
-	b.flags = (a->flags & ~(GPU_ATTN_CHUNK_512 | GPU_ATTN_CHUNK_256 | GPU_ATTN_CHUNK_128)) |
-		  GPU_ATTN_CHUNK_64;
+	b.flags = (a->flags & ~(GPU_ATTN_CHUNK_512 | GPU_ATTN_CHUNK_256 | GPU_ATTN_CHUNK_128 |
+				GPU_ATTN_SELECT_LIST | GPU_ATTN_PARTS_1 | GPU_ATTN_PARTS_2)) |
+		  GPU_ATTN_CHUNK_64 | GPU_ATTN_PARTS_4;
 	size_t m = 0;
 	for (int i = 0; i < 3; i++) {
 		struct ws_layout L = ws_plan(&b, (enum ws_mode)i);
@@ -2679,7 +2714,7 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 				     red, po, pml);
 		return false;
 	}
-	if (x < L.max_chunks && L.cut_only) { /* window x of the table qrot wrote */
+	if (x < L.max_chunks && L.cut_only) { /* part of window x >> pl of qrot's table */
 		/* its blocks in shared memory (read back at ~30 cycles; in the
 		 * sel array they cost an L2 round trip before the first fill
 		 * and a stall on each next block's index: 2.5 % of the stall
@@ -2687,17 +2722,23 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 		__shared__ uint32_t wlist[1u << 9];
 		const uint32_t *wd = WSP(uint32_t, L, wdesc, ws, hi);
 		const uint32_t *X = SELX(ws, hi);
-		uint32_t nwin = wd[L.max_chunks], e = x < nwin ? wd[x] : 0u;
+		const uint32_t wx = x >> L.pl, part = x & ((1u << L.pl) - 1u);
+		uint32_t nwin = wd[L.max_chunks], e = wx < nwin ? wd[wx] : 0u;
 		uint32_t kstar = X[SX_KSTAR], tmax = X[SX_TMAX];
-		uint32_t n = 0, a0 = 0;
-		if (x < nwin) {
+		uint32_t n = 0, a0 = 0, lo = 0;
+		if (wx < nwin) {
 			*si = e >> 8;
 			*sgp = &H->segs[*si];
 			a0 = (*sgp)->block0 + ((e & 255u) << L.cwl);
 			uint32_t a1 = min(a0 + (1u << L.cwl), (*sgp)->block0 + (*sgp)->n_blocks);
 			n = window_take(WSP(float, L, scores, ws, hi), a0, a1, kstar, tmax, wlist);
+			/* parts of at most PART_BLOCKS where the slots suffice,
+			 * equal within one block */
+			uint32_t np = min(1u << L.pl, (n + PART_BLOCKS - 1) / PART_BLOCKS);
+			lo = part < np ? part * n / np : n;
+			n = part < np ? (part + 1) * n / np - lo : 0u;
 			if (n == 0 && threadIdx.x == 0) {
-				/* an empty window still counts in its segment's
+				/* an empty window (or part) still counts in its segment's
 				 * note: k_segrot combines slots xa .. xa + n - 1,
 				 * which holds only while a segment's counted slots
 				 * are consecutive (with a hole the last window's
@@ -2712,7 +2753,7 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 			return false;
 		}
 		*cnt = n;
-		*list = wlist;
+		*list = wlist + lo;
 		return true;
 	}
 	if (x < L.max_chunks) {

@@ -211,6 +211,15 @@ struct gpu_attn_args {
  * cut, gpu_ws_cut, is the same).  Without it the stage always writes the
  * lists.  To time the stage that a step contains (bench/attn). */
 #define GPU_ATTN_STAGE_CUT 8192u
+/* Where the select leaves only the cut, each window of selected blocks
+ * has 1, 2 or 4 slots (CTAs): a window holding more than PART_BLOCKS
+ * (attn.cu) of them is split in equal parts over its slots, so that a
+ * window where the selection clusters is not the step's last CTA.  No
+ * flag: chosen by shape (attn.cu parts_lg; gpu/NOTES.md, thirtieth
+ * session).  The scratch size does not depend on them. */
+#define GPU_ATTN_PARTS_1 16384u
+#define GPU_ATTN_PARTS_2 32768u
+#define GPU_ATTN_PARTS_4 65536u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

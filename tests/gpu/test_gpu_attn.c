@@ -450,6 +450,43 @@ Test(gpu, packed_chunk64_unstaged, .timeout = 120)
 	check_packed_rq(64, 2, 2, 0, 16, 0.9, 0, 16, 0);
 }
 
+/* A window's selected blocks split over 2 or 4 slots (GPU_ATTN_PARTS_*;
+ * by shape the library takes 2 or 4 where the select leaves the cut):
+ * 60 % of windows of 64 blocks, ~38 selected, in parts of at most 32,
+ * their rotated states combined by k_segrot with the windows' empty
+ * parts in the run; whole segments, each part rotating its own state
+ * back; on CUDA cores; and one slot a window. */
+Test(gpu, packed_parts4_long_segments_small, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64 | GPU_ATTN_PARTS_4;
+	check_packed_rq(128, 8, 1, 1, 8, 0.6, 5, 80, 6);
+}
+Test(gpu, packed_parts2_chunk256_long_segments, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_2;
+	check_packed_rq(128, 4, 1, 1, 8, 0.6, 37, 32, 0);
+}
+Test(gpu, packed_parts4_whole_segments)
+{
+	g_segb = 1;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_4;
+	check_packed_rq(128, 8, 1, 1, 8, 0.7, 5, 32, 0);
+}
+Test(gpu, packed_parts4_cuda_cores, .timeout = 120)
+{
+	g_seglen = 5000;
+	g_flags = GPU_ATTN_CUDA_CORES | GPU_ATTN_CHUNK_64 | GPU_ATTN_PARTS_4;
+	check_packed_rq(128, 4, 1, 0, 16, 0.8, 9, 64, 0);
+}
+Test(gpu, packed_parts1_long_segments, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_PARTS_1;
+	check_packed_rq(128, 4, 1, 1, 8, 0.6, 37, 32, 0);
+}
+
 /* Blocks no selection takes, between selected ones, in every context: a
  * window whose CTA has nothing to attend, while the segment's other
  * windows' partials must still all be combined and rotated back
@@ -541,6 +578,12 @@ Test(gpu, quiet_window_chunk256) { check_quiet(1, 2048, 256, 512, GPU_ATTN_CHUNK
 Test(gpu, quiet_window_cuda_cores)
 {
 	check_quiet(1, 512, 64, 128, GPU_ATTN_CUDA_CORES | GPU_ATTN_CHUNK_64);
+}
+/* windows of 512 blocks: the quiet one's ~29 selected in one part and
+ * three empty parts; the others' ~58 in two parts and two empty */
+Test(gpu, quiet_window_parts4)
+{
+	check_quiet(1, 2048, 256, 512, GPU_ATTN_CHUNK_512 | GPU_ATTN_PARTS_4);
 }
 /* the middle one of three segments (every window of it empty) */
 Test(gpu, quiet_segment_chunk64)
