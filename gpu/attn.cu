@@ -84,8 +84,8 @@ struct ws_layout {
 	uint32_t cwl;      /* blocks per work chunk: 1 << cwl (chunk_lg) */
 	uint32_t cut_only; /* select: leave the cut for the attention kernel,
 			    * no list (set by the launch, not by ws_plan) */
-	uint32_t pl;       /* slots a window, log2 (parts_lg; 0 but for the
-			    * packed kernel where the select leaves the cut) */
+	uint32_t pl;       /* slots a window, log2 (parts_lg; 0 but where the
+			    * select leaves the cut: packed and Quest) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -157,7 +157,7 @@ static int cut_only_of(const struct gpu_attn_args *a)
 /*
  * Slots (CTAs) a window of the cut-only path, log2: a window that holds
  * n > PART_BLOCKS selected blocks is split in ceil(n / PART_BLOCKS) equal
- * parts, as many as it has slots (packed_cta_work).  Why: a CTA's time is about a fixed cost plus a
+ * parts, as many as it has slots (window_take).  Why: a CTA's time is about a fixed cost plus a
  * per-block one (H200, 1M tokens, batch 1: 23,000 + 1,300 cycles a
  * selected block), and where the selection clusters some windows hold
  * five times the mean; the step then waits on them (1M: the SMs' busy
@@ -167,10 +167,13 @@ static int cut_only_of(const struct gpu_attn_args *a)
  * 64, which hold two parts at most and where the second slot's CTA cost
  * more than it saved (H200, batch 1, µs with one / two / four slots:
  * 32K 59.4 / 62.1 / 69.2; 128K 79.9 / 77.1 / 82.2; 256K 114.2 / 95.7 /
- * 97.3; 1M 227.4 / 218.3 / 224.0).  GPU_ATTN_PARTS_1 / _2 / _4 force one.
+ * 97.3; 1M 227.4 / 218.3 / 224.0).  Quest (@quest) keeps one unless
+ * forced: two made its step slower (1M 323.6 -> 331.6 µs, 256K 113.6 ->
+ * 117.4; its CTAs stream dense rows, a smaller fixed share), and the
+ * baseline runs as it runs fastest.  GPU_ATTN_PARTS_1 / _2 / _4 force one.
  */
 #define PART_BLOCKS 32
-static uint32_t parts_lg(const struct gpu_attn_args *a, uint32_t cwl)
+static uint32_t parts_lg(const struct gpu_attn_args *a, uint32_t cwl, bool quest)
 {
 	if (a->flags & GPU_ATTN_PARTS_1)
 		return 0;
@@ -178,7 +181,7 @@ static uint32_t parts_lg(const struct gpu_attn_args *a, uint32_t cwl)
 		return 1;
 	if (a->flags & GPU_ATTN_PARTS_4)
 		return 2;
-	return cwl > 6 ? 1 : 0;
+	return !quest && cwl > 6 ? 1 : 0;
 }
 
 static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
@@ -194,13 +197,12 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 		L.max_chunks = (uint32_t)((ntok + DENSE_T - 1) / DENSE_T);
 	} else {
 		L.max_chunks = (uint32_t)(nb / cw + (m == WS_PACKED ? ns : 1) + 1);
-		if (m == WS_PACKED) {
+		if (m == WS_PACKED)
 			L.buf_chunks = (uint32_t)((a->max_buf_blocks + cw - 1) / cw);
-			/* the window table keeps a word a window: its count stays
-			 * at [max_chunks], past them */
-			L.pl = cut_only_of(a) ? parts_lg(a, L.cwl) : 0;
-			L.max_chunks <<= L.pl;
-		}
+		/* the window table keeps a word a window: its count stays at
+		 * [max_chunks], past them */
+		L.pl = cut_only_of(a) ? parts_lg(a, L.cwl, m == WS_QUEST) : 0;
+		L.max_chunks <<= L.pl;
 	}
 	L.slots = L.max_chunks + L.buf_chunks + L.win_tiles;
 	L.max_segs = a->max_segs;
@@ -2147,16 +2149,20 @@ __device__ __forceinline__ void mark_empty(float *pml, int nq)
 
 /*
  * The blocks of [@a0, @a1) (at most 512) the select's cut takes
- * (sel_take), in block order, to @out: shared memory (PackedAttention) or
- * the CTA's own range of the sel array (Quest), read back with ordinary
- * loads after the barrier (never __ldg: written in this kernel).  Returns
- * the count (every thread; all 128 threads call it).  Why here and not in
+ * (sel_take), in block order: of the n taken, part @part of
+ * min(1 << @pl, ceil(n / PART_BLOCKS)) equal parts (all of them where @pl
+ * is 0), at their places in the window's list @out, *@lo on: shared
+ * memory (PackedAttention) or the window's range of the sel array
+ * (Quest: the parts of a window write disjoint entries), read back with
+ * ordinary loads after the barrier (never __ldg: written in this kernel).
+ * Returns the part's count (every thread; all 128 threads call it).  Why here and not in
  * the select: a list and a chunk list written by the select cost a launch
  * (many-CTA select) or a pass (one-CTA) and their reads; a window's scores
  * are 1-2 KB in L2.
  */
 __device__ uint32_t window_take(const float *scores, uint32_t a0, uint32_t a1,
-				uint32_t kstar, uint32_t tmax, uint32_t *out)
+				uint32_t kstar, uint32_t tmax, uint32_t part, uint32_t pl,
+				uint32_t *out, uint32_t *lo)
 {
 	__shared__ uint32_t wsum[4];
 	constexpr int M = 4; /* blocks per thread: 512 / 128 */
@@ -2186,12 +2192,19 @@ __device__ uint32_t window_take(const float *scores, uint32_t a0, uint32_t a1,
 		tot += v;
 	}
 	uint32_t p = before + x - c;
+	const uint32_t np = min(1u << pl, (tot + PART_BLOCKS - 1) / PART_BLOCKS);
+	const uint32_t l0 = part < np ? part * tot / np : tot;
+	const uint32_t l1 = part < np ? (part + 1) * tot / np : tot;
 #pragma unroll
 	for (int u = 0; u < M; u++)
-		if (tk[u])
-			out[p++] = i0 + u;
+		if (tk[u]) {
+			if (p >= l0 && p < l1)
+				out[p] = i0 + u;
+			p++;
+		}
 	__syncthreads();
-	return tot;
+	*lo = l0;
+	return l1 - l0;
 }
 
 /* Dense window tile range [t0, t1) by the CTA's 4 warps. */
@@ -2731,12 +2744,8 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 			*sgp = &H->segs[*si];
 			a0 = (*sgp)->block0 + ((e & 255u) << L.cwl);
 			uint32_t a1 = min(a0 + (1u << L.cwl), (*sgp)->block0 + (*sgp)->n_blocks);
-			n = window_take(WSP(float, L, scores, ws, hi), a0, a1, kstar, tmax, wlist);
-			/* parts of at most PART_BLOCKS where the slots suffice,
-			 * equal within one block */
-			uint32_t np = min(1u << L.pl, (n + PART_BLOCKS - 1) / PART_BLOCKS);
-			lo = part < np ? part * n / np : n;
-			n = part < np ? (part + 1) * n / np - lo : 0u;
+			n = window_take(WSP(float, L, scores, ws, hi), a0, a1, kstar, tmax, part,
+					L.pl, wlist, &lo);
 			if (n == 0 && threadIdx.x == 0) {
 				/* an empty window (or part) still counts in its segment's
 				 * note: k_segrot combines slots xa .. xa + n - 1,
@@ -4887,19 +4896,21 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 	} else {
 		const uint32_t *sel = WSP(uint32_t, L, sel, ws, hi);
 		uint32_t s0, s1;
-		if (L.cut_only) { /* window x of 1 << cwl blocks (packed_cta_work) */
-			uint32_t nb = (uint32_t)((H->n + qb - 1) / qb), a0 = x << L.cwl;
+		if (L.cut_only) { /* part of window x >> pl of 1 << cwl blocks (packed_cta_work) */
+			uint32_t nb = (uint32_t)((H->n + qb - 1) / qb), a0 = (x >> L.pl) << L.cwl;
 			const uint32_t *X = SELX(ws, hi);
+			uint32_t lo = 0;
 			uint32_t n = a0 < nb ? window_take(WSP(float, L, scores, ws, hi), a0,
 							   min(nb, a0 + (1u << L.cwl)), X[SX_KSTAR],
-							   X[SX_TMAX], WSP(uint32_t, L, sel, ws, hi) + a0)
+							   X[SX_TMAX], x & ((1u << L.pl) - 1u), L.pl,
+							   WSP(uint32_t, L, sel, ws, hi) + a0, &lo)
 					     : 0u;
 			if (n == 0) {
 				mark_empty(pml, NQ);
 				return;
 			}
-			s0 = a0;
-			s1 = a0 + n;
+			s0 = a0 + lo;
+			s1 = s0 + n;
 		} else {
 			const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
 			if (x >= counts[1]) {

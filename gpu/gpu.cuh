@@ -212,10 +212,11 @@ struct gpu_attn_args {
  * lists.  To time the stage that a step contains (bench/attn). */
 #define GPU_ATTN_STAGE_CUT 8192u
 /* Where the select leaves only the cut, each window of selected blocks
- * has 1, 2 or 4 slots (CTAs): a window holding more than PART_BLOCKS
- * (attn.cu) of them is split in equal parts over its slots, so that a
- * window where the selection clusters is not the step's last CTA.  No
- * flag: chosen by shape (attn.cu parts_lg; gpu/NOTES.md, thirtieth
+ * has 1, 2 or 4 slots (CTAs), in PackedAttention and in Quest: a window
+ * holding more than PART_BLOCKS (attn.cu) of them is split in equal
+ * parts over its slots, so that a window where the selection clusters is
+ * not the step's last CTA.  No flag: chosen by shape for PackedAttention,
+ * one slot for Quest (attn.cu parts_lg; gpu/NOTES.md, thirtieth
  * session).  The scratch size does not depend on them. */
 #define GPU_ATTN_PARTS_1 16384u
 #define GPU_ATTN_PARTS_2 32768u

@@ -1907,6 +1907,25 @@ Test(gpu, quest_chunk64)
 	check_dense(1, 128, 1, 8, 0.3);
 }
 
+/* Quest's windows over 4, 2 and 1 slots (GPU_ATTN_PARTS_*): ~150
+ * selected a window of 512 in four parts writing disjoint entries of the
+ * window's range; ~38 a window of 64 in two */
+Test(gpu, quest_parts4_chunk512)
+{
+	g_flags = GPU_ATTN_CHUNK_512 | GPU_ATTN_PARTS_4;
+	check_dense(1, 128, 1, 8, 0.3);
+}
+Test(gpu, quest_parts2_chunk64)
+{
+	g_flags = GPU_ATTN_CHUNK_64 | GPU_ATTN_PARTS_2;
+	check_dense(1, 128, 4, 8, 0.6);
+}
+Test(gpu, quest_parts1_chunk256)
+{
+	g_flags = GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_1;
+	check_dense(1, 64, 8, 8, 0.3);
+}
+
 /* The merge's fold over every slot (GPU_ATTN_MERGE_ALL: the path of steps
  * with more than 4,096 slots or 1,024 live ones), against the CPU: a
  * packed step over multi-chunk segments (most slots empty after k_segrot),
