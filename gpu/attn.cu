@@ -157,13 +157,13 @@ static int cut_only_of(const struct gpu_attn_args *a)
 /*
  * Slots (CTAs) a window of the cut-only path, log2: a window that holds
  * n > PART_BLOCKS selected blocks is split in ceil(n / PART_BLOCKS) equal
- * parts, as many as it has slots (window_take).  Why: a CTA's time is about a fixed cost plus a
- * per-block one (H200, 1M tokens, batch 1: 23,000 + 1,300 cycles a
- * selected block), and where the selection clusters some windows hold
- * five times the mean; the step then waits on them (1M: the SMs' busy
- * cycles averaged 0.77 of the busiest's; 256K, fewer windows than CTA
- * slots: the kernel lasted as long as its heaviest window, twice the
- * mean).  Two where windows are wider than 64 blocks; one for windows of
+ * parts, as many as it has slots (window_take).  Why: a CTA's time is
+ * about a fixed cost plus a per-block one (H200, 1M tokens, batch 1:
+ * 23,000 + 1,300 cycles a selected block), and where the selection
+ * clusters some windows hold five times the mean; the step then waits on
+ * them (1M: the SMs' busy cycles averaged 0.77 of the busiest's; 256K,
+ * fewer windows than CTA slots: the kernel lasted as long as its
+ * heaviest window, twice the mean).  Two where windows are wider than 64 blocks; one for windows of
  * 64, which hold two parts at most and where the second slot's CTA cost
  * more than it saved (H200, batch 1, µs with one / two / four slots:
  * 32K 59.4 / 62.1 / 69.2; 128K 79.9 / 77.1 / 82.2; 256K 114.2 / 95.7 /
@@ -2155,10 +2155,10 @@ __device__ __forceinline__ void mark_empty(float *pml, int nq)
  * memory (PackedAttention) or the window's range of the sel array
  * (Quest: the parts of a window write disjoint entries), read back with
  * ordinary loads after the barrier (never __ldg: written in this kernel).
- * Returns the part's count (every thread; all 128 threads call it).  Why here and not in
- * the select: a list and a chunk list written by the select cost a launch
- * (many-CTA select) or a pass (one-CTA) and their reads; a window's scores
- * are 1-2 KB in L2.
+ * Returns the part's count (every thread; all 128 threads call it).  Why
+ * here and not in the select: a list and a chunk list written by the
+ * select cost a launch (many-CTA select) or a pass (one-CTA) and their
+ * reads; a window's scores are 1-2 KB in L2.
  */
 __device__ uint32_t window_take(const float *scores, uint32_t a0, uint32_t a1,
 				uint32_t kstar, uint32_t tmax, uint32_t part, uint32_t pl,
