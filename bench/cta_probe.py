@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Where PackedAttention's attention CTAs spend their time, one record a CTA:
+a probe build, never the library's (a __device__ array and a host-side dump
+in gpu/attn.cu, which the library keeps free of globals and files).
+
+    bench/cta_probe.py patch TREE    # TREE: a copy of the repository
+    (build TREE's bench/attn, run it with --once 1: each of the first six
+     k_attn_packed_tc launches of the process writes /tmp/tr_<n>.bin)
+    bench/cta_probe.py report /tmp/tr_1.bin [...]
+
+`patch` edits TREE/gpu/attn.cu: each CTA of k_attn_packed_tc records, after
+its programmatic-launch wait, %globaltimer, clock64 and %smid; when it has
+work, its selected-block count and segment; and, by a destructor on the
+kernel's scope (every return path), the latest clock64 of its warps'
+ends.  After each of the first six launches the host waits, copies the
+records to /tmp/tr_<n>.bin (16-byte header: slots, heads, max_chunks,
+flags; then 32 bytes a CTA in blockIdx.y-major order) and clears them.  It
+edits TREE/bench/attn.c so that --once runs `ours` twice first (tr_0 is
+the cold first launch, tr_1 the one to read; then ours_q6, ours_pos,
+ours_s8, pos_s8).
+
+`report` prints, per file: the SMs' busy spans (avg / max: the share a
+perfect balance would keep), the CTAs' block counts, their times and a fit
+time = a + b * blocks (a: the fixed cost of a CTA under the SM's load).
+
+Used in the thirtieth session (gpu/NOTES.md): 1M tokens, batch 1, a CTA
+cost 23,100 + 1,309 cycles a selected block and the windows' counts had a
+standard deviation of 18.2 around 25.7.  The edits match gpu/attn.cu's
+text: if it moved, `patch` stops with the piece it could not find.
+"""
+import statistics as st
+import struct
+import sys
+
+HEAD = '#include "common.cuh"\n'
+PROBE = HEAD + '''#include <stdio.h>
+__device__ unsigned long long g_tr[1 << 16][4];
+struct tr_guard {
+	unsigned long long *p;
+	__device__ ~tr_guard()
+	{
+		if ((threadIdx.x & 31) == 0) {
+			unsigned long long t = clock64();
+			atomicMax(&p[2], t);
+		}
+	}
+};
+'''
+KOPEN = '''{
+	pdl_begin();
+	extern __shared__ __align__(16) unsigned char smraw[];
+	tc_smem &sm = *(tc_smem *)smraw;
+	uint32_t hi = blockIdx.y, x = blockIdx.x;
+'''
+KSTAMP = '''{
+	pdl_begin();
+	tr_guard TG{g_tr[blockIdx.y * gridDim.x + blockIdx.x]};
+	if (threadIdx.x == 0) {
+		unsigned long long gt; unsigned smid;
+		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+		asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+		TG.p[0] = gt; TG.p[1] = clock64(); TG.p[3] = smid;
+	}
+	extern __shared__ __align__(16) unsigned char smraw[];
+	tc_smem &sm = *(tc_smem *)smraw;
+	uint32_t hi = blockIdx.y, x = blockIdx.x;
+'''
+KWORK = '''		return;
+	const struct gpu_seg sg = *sgp;
+	/* the chunk's state stays rotated (k_segrot rotates back), unless the'''
+KWORK_P = '''		return;
+	if (threadIdx.x == 0)
+		TG.p[3] |= (unsigned long long)cnt << 16 | (unsigned long long)si << 32;
+	const struct gpu_seg sg = *sgp;
+	/* the chunk's state stays rotated (k_segrot rotates back), unless the'''
+LAUNCH = '''		GPU_CK(gpu_launch(pdl_of(a), attn, dim3(L.slots, a->n_heads), 128, smem, s, heads,
+				  a->q, scale2_of(a), (char *)a->ws, L, a->flags));
+'''
+DUMP = LAUNCH + '''		{
+			static int trn = 0;
+			if (trn < 6) {
+				GPU_CK(cudaStreamSynchronize(s));
+				static unsigned long long h[1 << 16][4];
+				GPU_CK(cudaMemcpyFromSymbol(h, g_tr, sizeof(h)));
+				char nm[64];
+				snprintf(nm, sizeof nm, "/tmp/tr_%d.bin", trn++);
+				FILE *f = fopen(nm, "wb");
+				unsigned hdr[4] = {L.slots, a->n_heads, L.max_chunks, (unsigned)a->flags};
+				fwrite(hdr, 4, 4, f);
+				fwrite(h, 32, (size_t)L.slots * a->n_heads, f);
+				fclose(f);
+				static unsigned long long z[1 << 16][4];
+				GPU_CK(cudaMemcpyToSymbol(g_tr, z, sizeof(z)));
+			}
+		}
+'''
+BONCE = '''			if (once) {
+				RC(f_packed(&a, dheads, st));
+'''
+
+
+def sub(text, old, new, what):
+    if text.count(old) != 1:
+        sys.exit(f"cta_probe: {what}: found {text.count(old)} times, not once")
+    return text.replace(old, new)
+
+
+def patch(tree):
+    p = f"{tree}/gpu/attn.cu"
+    s = open(p).read()
+    s = sub(s, HEAD, PROBE, "the include of common.cuh")
+    s = sub(s, KOPEN, KSTAMP, "k_attn_packed_tc's opening")
+    s = sub(s, KWORK, KWORK_P, "the end of packed_cta_work's call")
+    s = sub(s, LAUNCH, DUMP, "the attention kernel's launch")
+    open(p, "w").write(s)
+    p = f"{tree}/bench/attn.c"
+    s = open(p).read()
+    s = sub(s, BONCE, BONCE + "\t\t\t\tRC(f_packed(&a, dheads, st));\n", "bench --once")
+    open(p, "w").write(s)
+
+
+def report(fn):
+    b = open(fn, "rb").read()
+    slots, nh, maxc, flags = struct.unpack("4I", b[:16])
+    recs = [struct.unpack("4Q", b[16 + 32 * i:48 + 32 * i]) for i in range(slots * nh)]
+    per_sm, rows = {}, []
+    for gt, c0, c1, m in recs:
+        sm, cnt = m & 0xFFFF, (m >> 16) & 0xFFFF
+        rows.append((cnt, c1 - c0 if c1 >= c0 else 0))
+        per_sm.setdefault(sm, []).append((c0, c1))
+    spans = [max(e for _, e in v) - min(s for s, _ in v) for v in per_sm.values()]
+    print(f"{fn}: {slots} slots x {nh} heads (max_chunks {maxc}, flags {flags:#x}), "
+          f"{len(per_sm)} SMs")
+    print(f"  SM busy span, cycles: avg {st.mean(spans):.0f} max {max(spans)} "
+          f"min {min(spans)}  avg/max {st.mean(spans) / max(spans):.3f}")
+    work = [r for r in rows if r[0] > 0]
+    if len(work) < 2:
+        return
+    xs, ys = [r[0] for r in work], [r[1] for r in work]
+    print(f"  CTAs with work {len(work)}: blocks mean {st.mean(xs):.1f} sd {st.pstdev(xs):.1f} "
+          f"max {max(xs)}; cycles mean {st.mean(ys):.0f} max {max(ys)}")
+    mx, my = st.mean(xs), st.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx > 0:
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        icpt = my - slope * mx
+        res = st.pstdev([y - (icpt + slope * x) for x, y in zip(xs, ys)])
+        print(f"  cycles = {icpt:.0f} + {slope:.0f} * blocks (residual sd {res:.0f})")
+    rest = [r[1] for r in rows if r[0] == 0]
+    if rest:
+        print(f"  CTAs without work {len(rest)}: cycles mean {st.mean(rest):.0f} max {max(rest)}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] not in ("patch", "report"):
+        sys.exit(__doc__)
+    if sys.argv[1] == "patch":
+        patch(sys.argv[2])
+    else:
+        for f in sys.argv[2:]:
+            report(f)
