@@ -119,36 +119,54 @@ def patch(tree):
     open(p, "w").write(s)
 
 
-def report(fn):
-    b = open(fn, "rb").read()
+def summary(b):
+    """The figures `report` prints, from a dump's bytes: a dict."""
     slots, nh, maxc, flags = struct.unpack("4I", b[:16])
-    recs = [struct.unpack("4Q", b[16 + 32 * i:48 + 32 * i]) for i in range(slots * nh)]
     per_sm, rows = {}, []
-    for gt, c0, c1, m in recs:
+    for i in range(slots * nh):
+        gt, c0, c1, m = struct.unpack("4Q", b[16 + 32 * i:48 + 32 * i])
         sm, cnt = m & 0xFFFF, (m >> 16) & 0xFFFF
         rows.append((cnt, c1 - c0 if c1 >= c0 else 0))
         per_sm.setdefault(sm, []).append((c0, c1))
     spans = [max(e for _, e in v) - min(s for s, _ in v) for v in per_sm.values()]
-    print(f"{fn}: {slots} slots x {nh} heads (max_chunks {maxc}, flags {flags:#x}), "
-          f"{len(per_sm)} SMs")
-    print(f"  SM busy span, cycles: avg {st.mean(spans):.0f} max {max(spans)} "
-          f"min {min(spans)}  avg/max {st.mean(spans) / max(spans):.3f}")
-    work = [r for r in rows if r[0] > 0]
+    r = {"slots": slots, "heads": nh, "max_chunks": maxc, "flags": flags,
+         "sms": len(per_sm), "span_avg": st.mean(spans), "span_max": max(spans),
+         "span_min": min(spans), "balance": st.mean(spans) / max(spans)}
+    work = [w for w in rows if w[0] > 0]
+    rest = [w[1] for w in rows if w[0] == 0]
+    r["idle"] = len(rest)
+    r["idle_mean"] = st.mean(rest) if rest else 0.0
+    r["work"] = len(work)
     if len(work) < 2:
-        return
-    xs, ys = [r[0] for r in work], [r[1] for r in work]
-    print(f"  CTAs with work {len(work)}: blocks mean {st.mean(xs):.1f} sd {st.pstdev(xs):.1f} "
-          f"max {max(xs)}; cycles mean {st.mean(ys):.0f} max {max(ys)}")
+        return r
+    xs, ys = [w[0] for w in work], [w[1] for w in work]
+    r.update(blocks_mean=st.mean(xs), blocks_sd=st.pstdev(xs), blocks_max=max(xs),
+             cycles_mean=st.mean(ys), cycles_max=max(ys))
     mx, my = st.mean(xs), st.mean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx > 0:
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-        icpt = my - slope * mx
-        res = st.pstdev([y - (icpt + slope * x) for x, y in zip(xs, ys)])
-        print(f"  cycles = {icpt:.0f} + {slope:.0f} * blocks (residual sd {res:.0f})")
-    rest = [r[1] for r in rows if r[0] == 0]
-    if rest:
-        print(f"  CTAs without work {len(rest)}: cycles mean {st.mean(rest):.0f} max {max(rest)}")
+        r["fixed"] = my - slope * mx
+        r["per_block"] = slope
+        r["resid_sd"] = st.pstdev([y - (r["fixed"] + slope * x) for x, y in zip(xs, ys)])
+    return r
+
+
+def report(fn):
+    r = summary(open(fn, "rb").read())
+    print(f"{fn}: {r['slots']} slots x {r['heads']} heads (max_chunks {r['max_chunks']}, "
+          f"flags {r['flags']:#x}), {r['sms']} SMs")
+    print(f"  SM busy span, cycles: avg {r['span_avg']:.0f} max {r['span_max']} "
+          f"min {r['span_min']}  avg/max {r['balance']:.3f}")
+    if "blocks_mean" in r:
+        print(f"  CTAs with work {r['work']}: blocks mean {r['blocks_mean']:.1f} "
+              f"sd {r['blocks_sd']:.1f} max {r['blocks_max']}; cycles mean "
+              f"{r['cycles_mean']:.0f} max {r['cycles_max']}")
+    if "fixed" in r:
+        print(f"  cycles = {r['fixed']:.0f} + {r['per_block']:.0f} * blocks "
+              f"(residual sd {r['resid_sd']:.0f})")
+    if r["idle"]:
+        print(f"  CTAs without work {r['idle']}: cycles mean {r['idle_mean']:.0f}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""bench/cta_probe.py: `patch` on copies of the tree's own gpu/attn.cu and
+bench/attn.c (so that an edit moving the text it hooks into fails here, not
+in a GPU session), and on a file without its anchor; `summary` on a
+hand-made dump whose figures are worked out here."""
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import cta_probe  # noqa: E402
+
+fails = 0
+
+
+def check(cond, what):
+    global fails
+    if not cond:
+        print("FAIL:", what)
+        fails += 1
+
+
+# patch: every probe piece lands once, the rest of the files unchanged
+with tempfile.TemporaryDirectory() as t:
+    for d in ("gpu", "bench"):
+        os.makedirs(os.path.join(t, d))
+    shutil.copy(os.path.join(ROOT, "gpu", "attn.cu"), os.path.join(t, "gpu"))
+    shutil.copy(os.path.join(ROOT, "bench", "attn.c"), os.path.join(t, "bench"))
+    a0 = open(os.path.join(t, "gpu", "attn.cu")).read()
+    b0 = open(os.path.join(t, "bench", "attn.c")).read()
+    cta_probe.patch(t)
+    a1 = open(os.path.join(t, "gpu", "attn.cu")).read()
+    b1 = open(os.path.join(t, "bench", "attn.c")).read()
+    check(a1.count("__device__ unsigned long long g_tr[") == 1, "the record array")
+    check(a1.count("tr_guard TG{g_tr[") == 1, "the kernel's stamp")
+    check(a1.count("TG.p[3] |= (unsigned long long)cnt << 16") == 1, "the block count")
+    check(a1.count('"/tmp/tr_%d.bin"') == 1, "the dump")
+    check(len(a1) - len(a0) == len(cta_probe.PROBE) - len(cta_probe.HEAD)
+          + len(cta_probe.KSTAMP) - len(cta_probe.KOPEN)
+          + len(cta_probe.KWORK_P) - len(cta_probe.KWORK)
+          + len(cta_probe.DUMP) - len(cta_probe.LAUNCH), "attn.cu grew by the pieces alone")
+    check(b1.count("RC(f_packed(&a, dheads, st));\n\t\t\t\tRC(f_packed(&a, dheads, st));") == 1,
+          "ours run twice under --once")
+    check(len(b1) - len(b0) == len("\t\t\t\tRC(f_packed(&a, dheads, st));\n"), "attn.c")
+    # a tree without the anchors: a clear stop, the file untouched
+    open(os.path.join(t, "gpu", "attn.cu"), "w").write("int x;\n")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "cta_probe.py"),
+                        "patch", t], capture_output=True, text=True)
+    check(r.returncode != 0 and "common.cuh" in r.stderr, "stop without an anchor")
+    check(open(os.path.join(t, "gpu", "attn.cu")).read() == "int x;\n", "left as it was")
+
+# summary: 2 heads x 3 slots on SMs 0 and 1; work CTAs cost 1000 + 50 a block
+recs = [  # (start clock, end clock, sm, blocks)
+    (100, 100 + 1000 + 50 * 10, 0, 10),
+    (200, 200 + 1000 + 50 * 30, 1, 30),
+    (300, 300 + 400, 0, 0),
+    (1700, 1700 + 1000 + 50 * 20, 0, 20),
+    (2800, 2800 + 600, 1, 0),
+    (3000, 3000 + 1000 + 50 * 40, 1, 40),
+]
+b = struct.pack("4I", 3, 2, 3, 0x20)
+for c0, c1, sm, n in recs:
+    b += struct.pack("4Q", 5000 + c0, c0, c1, sm | n << 16 | 7 << 32)
+r = cta_probe.summary(b)
+# SM 0: 100 .. 3700; SM 1: 200 .. 6000
+check(r["sms"] == 2 and r["span_max"] == 5800 and r["span_min"] == 3600, "spans")
+check(abs(r["balance"] - (3600 + 5800) / 2 / 5800) < 1e-12, "balance")
+check(r["work"] == 4 and r["idle"] == 2 and r["idle_mean"] == 500, "CTAs with and without work")
+check(r["blocks_mean"] == 25 and r["blocks_max"] == 40 and r["cycles_max"] == 3000, "counts")
+check(abs(r["fixed"] - 1000) < 1e-9 and abs(r["per_block"] - 50) < 1e-9, "the fit")
+check(r["resid_sd"] < 1e-9, "an exact fit")
+
+print("cta_probe:", "FAIL" if fails else "ok")
+sys.exit(1 if fails else 0)
