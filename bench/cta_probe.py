@@ -10,18 +10,26 @@ in gpu/attn.cu, which the library keeps free of globals and files).
 
 `patch` edits TREE/gpu/attn.cu: each CTA of k_attn_packed_tc records, after
 its programmatic-launch wait, %globaltimer, clock64 and %smid; when it has
-work, its selected-block count and segment; and, by a destructor on the
-kernel's scope (every return path), the latest clock64 of its warps'
-ends.  After each of the first six launches the host waits, copies the
-records to /tmp/tr_<n>.bin (16-byte header: slots, heads, max_chunks,
-flags; then 32 bytes a CTA in blockIdx.y-major order) and clears them.  It
+work, its selected-block count and segment and the clock once its work is
+known (packed_cta_work's end: the window's list built); in the staged
+path (tc_cta_st), the latest of its warps' clocks once their first
+sub-block's rows have arrived, and the earliest and latest of their loops'
+ends; and, by a destructor on the kernel's scope (every return path), the
+latest clock64 of its warps' ends.  After each of the first six launches
+the host waits, copies the records to /tmp/tr_<n>.bin (16-byte header:
+slots, heads, max_chunks, flags; then 64 bytes a CTA in blockIdx.y-major
+order: eight u64, see FIELDS) and clears them.  It
 edits TREE/bench/attn.c so that --once runs `ours` twice first (tr_0 is
 the cold first launch, tr_1 the one to read; then ours_q6, ours_pos,
 ours_s8, pos_s8).
 
 `report` prints, per file: the SMs' busy spans (avg / max: the share a
 perfect balance would keep), the CTAs' block counts, their times and a fit
-time = a + b * blocks (a: the fixed cost of a CTA under the SM's load).
+time = a + b * blocks (a: the fixed cost of a CTA under the SM's load);
+then, for the staged path's CTAs, where that time goes: the opening (to
+the list), the first rows (to the last warp's first sub-block), the loop
+(to the last warp's end, with its own fit), the warps' spread at the loop's
+end (the CTA waiting for its slowest warp) and the tail (merge, partial).
 
 Used in the thirtieth session (gpu/NOTES.md): 1M tokens, batch 1, a CTA
 cost 23,100 + 1,309 cycles a selected block and the windows' counts had a
@@ -34,7 +42,7 @@ import sys
 
 HEAD = '#include "common.cuh"\n'
 PROBE = HEAD + '''#include <stdio.h>
-__device__ unsigned long long g_tr[1 << 16][4];
+__device__ unsigned long long g_tr[1 << 16][8];
 struct tr_guard {
 	unsigned long long *p;
 	__device__ ~tr_guard()
@@ -69,10 +77,47 @@ KWORK = '''		return;
 	const struct gpu_seg sg = *sgp;
 	/* the chunk's state stays rotated (k_segrot rotates back), unless the'''
 KWORK_P = '''		return;
-	if (threadIdx.x == 0)
+	if (threadIdx.x == 0) {
 		TG.p[3] |= (unsigned long long)cnt << 16 | (unsigned long long)si << 32;
+		TG.p[4] = clock64();
+	}
 	const struct gpu_seg sg = *sgp;
 	/* the chunk's state stays rotated (k_segrot rotates back), unless the'''
+# tc_cta_st's loop: the first sub-block's rows in (per warp, the latest
+# kept), and the loop's end (earliest as ~clock under atomicMax, latest)
+KLOOP = '''		__syncwarp();
+		st_sub<NQ, D, BF, KC, RB, POS>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb,
+					       st, pl, [&] { refill(0); });
+'''
+KLOOP_P = '''		__syncwarp();
+		if (tr_first && lane == 0)
+			atomicMax(&g_tr[blockIdx.y * gridDim.x + blockIdx.x][5], clock64());
+		tr_first = false;
+		st_sub<NQ, D, BF, KC, RB, POS>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb,
+					       st, pl, [&] { refill(0); });
+'''
+KLOOP0 = '''	constexpr bool ONE = st_nstages(RB) == 1;
+	for (int cur = 0; i < cnt; cur ^= ONE ? 0 : 1) {
+'''
+KLOOP0_P = '''	constexpr bool ONE = st_nstages(RB) == 1;
+	bool tr_first = true;
+	for (int cur = 0; i < cnt; cur ^= ONE ? 0 : 1) {
+'''
+KEND = '''	/* ---- the warp's state into the reduction scratch ---- */
+	float lsum[NU][2];
+'''
+KEND_P = '''	if (lane == 0) {
+		unsigned long long *tp = g_tr[blockIdx.y * gridDim.x + blockIdx.x];
+		unsigned long long tc = clock64();
+		atomicMax(&tp[6], ~tc);
+		atomicMax(&tp[7], tc);
+	}
+	/* ---- the warp's state into the reduction scratch ---- */
+	float lsum[NU][2];
+'''
+# a record's fields
+FIELDS = ("globaltimer", "start", "end", "sm|blocks<<16|segment<<32", "listed",
+          "first rows (latest warp)", "~loop end (earliest warp)", "loop end (latest warp)")
 LAUNCH = '''		GPU_CK(gpu_launch(pdl_of(a), attn, dim3(L.slots, a->n_heads), 128, smem, s, heads,
 				  a->q, scale2_of(a), (char *)a->ws, L, a->flags));
 '''
@@ -80,16 +125,16 @@ DUMP = LAUNCH + '''		{
 			static int trn = 0;
 			if (trn < 6) {
 				GPU_CK(cudaStreamSynchronize(s));
-				static unsigned long long h[1 << 16][4];
+				static unsigned long long h[1 << 16][8];
 				GPU_CK(cudaMemcpyFromSymbol(h, g_tr, sizeof(h)));
 				char nm[64];
 				snprintf(nm, sizeof nm, "/tmp/tr_%d.bin", trn++);
 				FILE *f = fopen(nm, "wb");
 				unsigned hdr[4] = {L.slots, a->n_heads, L.max_chunks, (unsigned)a->flags};
 				fwrite(hdr, 4, 4, f);
-				fwrite(h, 32, (size_t)L.slots * a->n_heads, f);
+				fwrite(h, 64, (size_t)L.slots * a->n_heads, f);
 				fclose(f);
-				static unsigned long long z[1 << 16][4];
+				static unsigned long long z[1 << 16][8];
 				GPU_CK(cudaMemcpyToSymbol(g_tr, z, sizeof(z)));
 			}
 		}
@@ -111,6 +156,9 @@ def patch(tree):
     s = sub(s, HEAD, PROBE, "the include of common.cuh")
     s = sub(s, KOPEN, KSTAMP, "k_attn_packed_tc's opening")
     s = sub(s, KWORK, KWORK_P, "the end of packed_cta_work's call")
+    s = sub(s, KLOOP0, KLOOP0_P, "tc_cta_st's loop")
+    s = sub(s, KLOOP, KLOOP_P, "tc_cta_st's sub-block call")
+    s = sub(s, KEND, KEND_P, "tc_cta_st's reduction")
     s = sub(s, LAUNCH, DUMP, "the attention kernel's launch")
     open(p, "w").write(s)
     p = f"{tree}/bench/attn.c"
@@ -119,15 +167,32 @@ def patch(tree):
     open(p, "w").write(s)
 
 
+def fit(xs, ys):
+    """Least squares y = a + b x: (a, b, residual sd), or None."""
+    mx, my = st.mean(xs), st.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    a = my - slope * mx
+    return a, slope, st.pstdev([y - (a + slope * x) for x, y in zip(xs, ys)])
+
+
+MASK64 = (1 << 64) - 1
+
+
 def summary(b):
     """The figures `report` prints, from a dump's bytes: a dict."""
     slots, nh, maxc, flags = struct.unpack("4I", b[:16])
-    per_sm, rows = {}, []
+    per_sm, rows, phases = {}, [], []
     for i in range(slots * nh):
-        gt, c0, c1, m = struct.unpack("4Q", b[16 + 32 * i:48 + 32 * i])
+        gt, c0, c1, m, cl, cf, cmn, cmx = struct.unpack("8Q", b[16 + 64 * i:80 + 64 * i])
         sm, cnt = m & 0xFFFF, (m >> 16) & 0xFFFF
         rows.append((cnt, c1 - c0 if c1 >= c0 else 0))
         per_sm.setdefault(sm, []).append((c0, c1))
+        if cnt and cl and cf and cmn and cmx:  # a staged CTA with every stamp
+            lo = ~cmn & MASK64
+            phases.append((cnt, cl - c0, cf - c0, lo - c0, cmx - c0, c1 - c0))
     spans = [max(e for _, e in v) - min(s for s, _ in v) for v in per_sm.values()]
     r = {"slots": slots, "heads": nh, "max_chunks": maxc, "flags": flags,
          "sms": len(per_sm), "span_avg": st.mean(spans), "span_max": max(spans),
@@ -142,13 +207,22 @@ def summary(b):
     xs, ys = [w[0] for w in work], [w[1] for w in work]
     r.update(blocks_mean=st.mean(xs), blocks_sd=st.pstdev(xs), blocks_max=max(xs),
              cycles_mean=st.mean(ys), cycles_max=max(ys))
-    mx, my = st.mean(xs), st.mean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx > 0:
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-        r["fixed"] = my - slope * mx
-        r["per_block"] = slope
-        r["resid_sd"] = st.pstdev([y - (r["fixed"] + slope * x) for x, y in zip(xs, ys)])
+    f = fit(xs, ys)
+    if f:
+        r["fixed"], r["per_block"], r["resid_sd"] = f
+    if len(phases) >= 2:
+        # means, cycles from the CTA's start: listed, first rows, the loop
+        # (first rows to the latest warp's end), the warps' spread at the
+        # loop's end, the tail (latest loop end to the CTA's end)
+        r["staged"] = len(phases)
+        r["t_list"] = st.mean(p[1] for p in phases)
+        r["t_first"] = st.mean(p[2] - p[1] for p in phases)
+        r["t_loop"] = st.mean(p[4] - p[2] for p in phases)
+        r["t_spread"] = st.mean(p[4] - p[3] for p in phases)
+        r["t_tail"] = st.mean(p[5] - p[4] for p in phases)
+        f = fit([p[0] for p in phases], [p[4] - p[2] for p in phases])
+        if f:
+            r["loop_fixed"], r["loop_per_block"], _ = f
     return r
 
 
@@ -167,6 +241,12 @@ def report(fn):
               f"(residual sd {r['resid_sd']:.0f})")
     if r["idle"]:
         print(f"  CTAs without work {r['idle']}: cycles mean {r['idle_mean']:.0f}")
+    if "staged" in r:
+        print(f"  staged CTAs {r['staged']}, mean cycles: list {r['t_list']:.0f}, "
+              f"first rows +{r['t_first']:.0f}, loop +{r['t_loop']:.0f} (of which the "
+              f"warps' spread {r['t_spread']:.0f}), tail +{r['t_tail']:.0f}")
+    if "loop_fixed" in r:
+        print(f"  loop cycles = {r['loop_fixed']:.0f} + {r['loop_per_block']:.0f} * blocks")
 
 
 if __name__ == "__main__":

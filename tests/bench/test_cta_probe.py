@@ -40,9 +40,16 @@ with tempfile.TemporaryDirectory() as t:
     check(a1.count("tr_guard TG{g_tr[") == 1, "the kernel's stamp")
     check(a1.count("TG.p[3] |= (unsigned long long)cnt << 16") == 1, "the block count")
     check(a1.count('"/tmp/tr_%d.bin"') == 1, "the dump")
+    check(a1.count("TG.p[4] = clock64();") == 1, "the list's stamp")
+    check(a1.count("bool tr_first = true;") == 1 and
+          a1.count("if (tr_first && lane == 0)") == 1, "the first rows' stamp")
+    check(a1.count("atomicMax(&tp[6], ~tc);") == 1, "the loop's end")
     check(len(a1) - len(a0) == len(cta_probe.PROBE) - len(cta_probe.HEAD)
           + len(cta_probe.KSTAMP) - len(cta_probe.KOPEN)
           + len(cta_probe.KWORK_P) - len(cta_probe.KWORK)
+          + len(cta_probe.KLOOP0_P) - len(cta_probe.KLOOP0)
+          + len(cta_probe.KLOOP_P) - len(cta_probe.KLOOP)
+          + len(cta_probe.KEND_P) - len(cta_probe.KEND)
           + len(cta_probe.DUMP) - len(cta_probe.LAUNCH), "attn.cu grew by the pieces alone")
     check(b1.count("RC(f_packed(&a, dheads, st));\n\t\t\t\tRC(f_packed(&a, dheads, st));") == 1,
           "ours run twice under --once")
@@ -54,7 +61,9 @@ with tempfile.TemporaryDirectory() as t:
     check(r.returncode != 0 and "common.cuh" in r.stderr, "stop without an anchor")
     check(open(os.path.join(t, "gpu", "attn.cu")).read() == "int x;\n", "left as it was")
 
-# summary: 2 heads x 3 slots on SMs 0 and 1; work CTAs cost 1000 + 50 a block
+# summary: 2 heads x 3 slots on SMs 0 and 1; work CTAs cost 1000 + 50 a
+# block: listed at +300, first rows 200 later, the warps' loops end 40 a
+# block after that (the earliest 100 before the latest), the tail the rest
 recs = [  # (start clock, end clock, sm, blocks)
     (100, 100 + 1000 + 50 * 10, 0, 10),
     (200, 200 + 1000 + 50 * 30, 1, 30),
@@ -63,9 +72,16 @@ recs = [  # (start clock, end clock, sm, blocks)
     (2800, 2800 + 600, 1, 0),
     (3000, 3000 + 1000 + 50 * 40, 1, 40),
 ]
+M64 = (1 << 64) - 1
 b = struct.pack("4I", 3, 2, 3, 0x20)
 for c0, c1, sm, n in recs:
-    b += struct.pack("4Q", 5000 + c0, c0, c1, sm | n << 16 | 7 << 32)
+    if n:
+        lst, first = c0 + 300, c0 + 500
+        hi = first + 40 * n
+        stamps = (lst, first, ~(hi - 100) & M64, hi)
+    else:
+        stamps = (0, 0, 0, 0)
+    b += struct.pack("8Q", 5000 + c0, c0, c1, sm | n << 16 | 7 << 32, *stamps)
 r = cta_probe.summary(b)
 # SM 0: 100 .. 3700; SM 1: 200 .. 6000
 check(r["sms"] == 2 and r["span_max"] == 5800 and r["span_min"] == 3600, "spans")
@@ -74,6 +90,10 @@ check(r["work"] == 4 and r["idle"] == 2 and r["idle_mean"] == 500, "CTAs with an
 check(r["blocks_mean"] == 25 and r["blocks_max"] == 40 and r["cycles_max"] == 3000, "counts")
 check(abs(r["fixed"] - 1000) < 1e-9 and abs(r["per_block"] - 50) < 1e-9, "the fit")
 check(r["resid_sd"] < 1e-9, "an exact fit")
+# phases: mean blocks 25, so the loop 40 * 25 and the tail 1000 + 50 * 25 - 500 - 1000
+check(r["staged"] == 4 and r["t_list"] == 300 and r["t_first"] == 200, "the opening")
+check(r["t_loop"] == 1000 and r["t_spread"] == 100 and r["t_tail"] == 750, "loop and tail")
+check(abs(r["loop_fixed"]) < 1e-9 and abs(r["loop_per_block"] - 40) < 1e-9, "the loop's fit")
 
 print("cta_probe:", "FAIL" if fails else "ok")
 sys.exit(1 if fails else 0)
