@@ -173,6 +173,19 @@ static int cut_only_of(const struct gpu_attn_args *a)
  * baseline runs as it runs fastest.  GPU_ATTN_PARTS_1 / _2 / _4 force one.
  */
 #define PART_BLOCKS 32
+
+/*
+ * The window table (cut-only steps; k_qrot writes it, the attention
+ * kernel reads it): an entry a window, x its segment, [y, z) its blocks
+ * among the head's; the count of windows at word WDESC_COUNT(max_chunks).
+ * The range sits in the entry, and the entry is read whether or not the
+ * window exists (entries up to max_chunks >> pl lie in the table's words),
+ * so that a CTA's scores are one load after its entry: read as (segment,
+ * window index) behind the count, the entry, the segment's block0 and
+ * the scores were four dependent round trips before the list (H200, 1M
+ * tokens: 4,700 cycles of a CTA's ~47,000, bench/cta_probe.py).
+ */
+#define WDESC_COUNT(max_chunks) (4 * (size_t)(max_chunks))
 static uint32_t parts_lg(const struct gpu_attn_args *a, uint32_t cwl, bool quest)
 {
 	if (a->flags & GPU_ATTN_PARTS_1)
@@ -227,7 +240,10 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 	L.counts = off;
 	off += 256;
 	L.chunk = off;
-	off += al256(((size_t)L.max_chunks + 1) * 4);
+	/* the chunk list (max_chunks + 1 words), or the window table: an
+	 * entry of four words a window (wdesc_entry) and its count at word
+	 * WDESC_COUNT(max_chunks), past any table */
+	off += al256((WDESC_COUNT(L.max_chunks) + 1) * 4);
 	/* the window table shares the chunk list's words: a step reads one or
 	 * the other (L.cut_only), and the list is built after qrot writes it */
 	L.wdesc = L.chunk;
@@ -416,7 +432,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 				uint32_t n = 0;
 				for (uint32_t w = 0; w < blockDim.x / 32; w++)
 					n += wpart[w];
-				WSP(uint32_t, L, wdesc, ws, blockIdx.y)[L.max_chunks] = n;
+				WSP(uint32_t, L, wdesc, ws, blockIdx.y)[WDESC_COUNT(L.max_chunks)] = n;
 			}
 		}
 		return;
@@ -497,11 +513,14 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 			n += wpart[w];
 		uint32_t *wd = WSP(uint32_t, L, wdesc, ws, blockIdx.y);
 		if (si < nseg) {
-			uint32_t nw = (sg->n_blocks + (1u << L.cwl) - 1) >> L.cwl;
+			const uint32_t b0 = sg->block0, nb = sg->n_blocks;
+			const uint32_t nw = (nb + (1u << L.cwl) - 1) >> L.cwl;
 			for (uint32_t i = lane; i < nw; i += 32)
-				wd[n + i] = (si << 8) | i;
+				((uint4 *)wd)[n + i] =
+					make_uint4(si, b0 + (i << L.cwl),
+						   b0 + min(nb, (i + 1) << L.cwl), 0u);
 		} else if (lane == 0) {
-			wd[L.max_chunks] = n;
+			wd[WDESC_COUNT(L.max_chunks)] = n;
 		}
 	}
 	float *qr = WSP(float, L, qr, ws, blockIdx.y) + (size_t)si * QR_ROWS * P;
@@ -2736,15 +2755,23 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 		const uint32_t *wd = WSP(uint32_t, L, wdesc, ws, hi);
 		const uint32_t *X = SELX(ws, hi);
 		const uint32_t wx = x >> L.pl, part = x & ((1u << L.pl) - 1u);
-		uint32_t nwin = wd[L.max_chunks], e = wx < nwin ? wd[wx] : 0u;
+		/* the count, the entry (WDESC_COUNT: read either way), the cut and
+		 * the segments' array in one round trip */
+		const uint32_t nwin = wd[WDESC_COUNT(L.max_chunks)];
+		const uint4 e = ((const uint4 *)wd)[wx];
+		const struct gpu_seg *segs = H->segs;
 		uint32_t kstar = X[SX_KSTAR], tmax = X[SX_TMAX];
-		uint32_t n = 0, a0 = 0, lo = 0;
+		uint32_t n = 0, lo = 0;
 		if (wx < nwin) {
-			*si = e >> 8;
-			*sgp = &H->segs[*si];
-			a0 = (*sgp)->block0 + ((e & 255u) << L.cwl);
-			uint32_t a1 = min(a0 + (1u << L.cwl), (*sgp)->block0 + (*sgp)->n_blocks);
-			n = window_take(WSP(float, L, scores, ws, hi), a0, a1, kstar, tmax, part,
+			*si = e.x;
+			*sgp = &segs[e.x];
+			/* the descriptor into L1 while the scores come: the CTA's
+			 * first loads after the list read it */
+			if (threadIdx.x < 3) /* its lines: it spans two or three */
+				asm volatile("prefetch.global.L1 [%0];" ::"l"(
+					(const char *)*sgp + (threadIdx.x == 2 ? sizeof(struct gpu_seg) - 1
+										: 96u * threadIdx.x)));
+			n = window_take(WSP(float, L, scores, ws, hi), e.y, e.z, kstar, tmax, part,
 					L.pl, wlist, &lo);
 			if (n == 0 && threadIdx.x == 0) {
 				/* an empty window (or part) still counts in its segment's
