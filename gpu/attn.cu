@@ -4461,16 +4461,22 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 		return;
 	const struct gpu_seg sg = *sgp;
 	/* the chunk's state stays rotated (k_segrot rotates back), unless the
-	 * CTA holds the whole segment (seg_whole: tc_finish rotates); R_v into
-	 * L2 meanwhile, for whichever reads it */
+	 * CTA holds the whole segment (seg_whole: tc_finish rotates) */
 	const struct seg_note J = {seg_whole(sg, si == H->nseg, L.cwl)
 					   ? (uint32_t *)NULL
 					   : SEGNOTE(ws, L, gridDim.y, hi, si),
 				   x};
-	/* a line a thread, not a line a lane of every warp (4x the prefetches:
-	 * 2.6 % of the stall samples at 1M) */
-	for (uint32_t o = threadIdx.x * 128; o < sg.v_dk * D * 2; o += blockDim.x * 128)
-		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)sg.v_rot + o));
+	/* R_v into L2 for this CTA's own rotation, a line a thread (a line a
+	 * lane of every warp was 4x the prefetches: 2.6 % of the stall
+	 * samples at 1M).  Not where k_segrot rotates: there every CTA of the
+	 * segment prefetched the same 24 KB for a kernel that, by the time it
+	 * ran, read R_v from DRAM anyway (ncu, twenty-fifth session), and
+	 * without them the step is 1-2 % faster (H200, 1M batch 1 214.2 against
+	 * 218.0 µs, 256K 92.2 against 94.2, every packed column alike:
+	 * thirty-first session) */
+	if (!J.note)
+		for (uint32_t o = threadIdx.x * 128; o < sg.v_dk * D * 2; o += blockDim.x * 128)
+			asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)sg.v_rot + o));
 	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
 	if constexpr (SMALL) {
 		if (!st_small_ok(sg, D)) {
