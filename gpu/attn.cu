@@ -173,6 +173,16 @@ static int cut_only_of(const struct gpu_attn_args *a)
  * baseline runs as it runs fastest.  GPU_ATTN_PARTS_1 / _2 / _4 force one.
  */
 #define PART_BLOCKS 32
+static uint32_t parts_lg(const struct gpu_attn_args *a, uint32_t cwl, bool quest)
+{
+	if (a->flags & GPU_ATTN_PARTS_1)
+		return 0;
+	if (a->flags & GPU_ATTN_PARTS_2)
+		return 1;
+	if (a->flags & GPU_ATTN_PARTS_4)
+		return 2;
+	return !quest && cwl > 6 ? 1 : 0;
+}
 
 /*
  * The window table (cut-only steps; k_qrot writes it, the attention
@@ -186,16 +196,6 @@ static int cut_only_of(const struct gpu_attn_args *a)
  * tokens: 4,700 cycles of a CTA's ~47,000, bench/cta_probe.py).
  */
 #define WDESC_COUNT(max_chunks) (4 * (size_t)(max_chunks))
-static uint32_t parts_lg(const struct gpu_attn_args *a, uint32_t cwl, bool quest)
-{
-	if (a->flags & GPU_ATTN_PARTS_1)
-		return 0;
-	if (a->flags & GPU_ATTN_PARTS_2)
-		return 1;
-	if (a->flags & GPU_ATTN_PARTS_4)
-		return 2;
-	return !quest && cwl > 6 ? 1 : 0;
-}
 
 static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 {
@@ -240,9 +240,9 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 	L.counts = off;
 	off += 256;
 	L.chunk = off;
-	/* the chunk list (max_chunks + 1 words), or the window table: an
-	 * entry of four words a window (wdesc_entry) and its count at word
-	 * WDESC_COUNT(max_chunks), past any table */
+	/* the chunk list (max_chunks + 1 words), or the window table: four
+	 * words a window and the count at word WDESC_COUNT(max_chunks), past
+	 * any table */
 	off += al256((WDESC_COUNT(L.max_chunks) + 1) * 4);
 	/* the window table shares the chunk list's words: a step reads one or
 	 * the other (L.cut_only), and the list is built after qrot writes it */
