@@ -18,7 +18,9 @@ ends; and, by a destructor on the kernel's scope (every return path), the
 latest clock64 of its warps' ends.  After each of the first six launches
 the host waits, copies the records to /tmp/tr_<n>.bin (16-byte header:
 slots, heads, max_chunks, flags; then 64 bytes a CTA in blockIdx.y-major
-order: eight u64, see FIELDS) and clears them.  It
+order, eight u64: globaltimer, start, end, sm | blocks << 16 | segment <<
+32, listed, first rows (latest warp), ~loop end (earliest warp), loop end
+(latest warp)) and clears them.  It
 edits TREE/bench/attn.c so that --once runs `ours` twice first (tr_0 is
 the cold first launch, tr_1 the one to read; then ours_q6, ours_pos,
 ours_s8, pos_s8).
@@ -115,9 +117,6 @@ KEND_P = '''	if (lane == 0) {
 	/* ---- the warp's state into the reduction scratch ---- */
 	float lsum[NU][2];
 '''
-# a record's fields
-FIELDS = ("globaltimer", "start", "end", "sm|blocks<<16|segment<<32", "listed",
-          "first rows (latest warp)", "~loop end (earliest warp)", "loop end (latest warp)")
 LAUNCH = '''		GPU_CK(gpu_launch(pdl_of(a), attn, dim3(L.slots, a->n_heads), 128, smem, s, heads,
 				  a->q, scale2_of(a), (char *)a->ws, L, a->flags));
 '''
