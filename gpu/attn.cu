@@ -76,7 +76,7 @@ struct score_tile {
 
 struct ws_layout {
 	size_t qr, qpm, tiles, scores, ntok, sel, selseg, selkey, chunk, wdesc, counts, part_o,
-		part_ml;
+		part_ml, g32, order;
 	size_t per_head;
 	size_t base; /* per-head regions start here; histograms and segment notes before */
 	uint32_t max_chunks, buf_chunks, win_tiles, slots;
@@ -86,6 +86,9 @@ struct ws_layout {
 			    * no list (set by the launch, not by ws_plan) */
 	uint32_t pl;       /* slots a window, log2 (parts_lg; 0 but where the
 			    * select leaves the cut: packed and Quest) */
+	uint32_t lpt;      /* the count pass writes g32 and the select the
+			    * attention CTAs' order (lpt_order; set by the
+			    * launch) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -251,6 +254,12 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 	off += al256((size_t)L.slots * a->nq * a->d * sizeof(float));
 	L.part_ml = off;
 	off += al256((size_t)L.slots * a->nq * 2 * sizeof(float));
+	/* blocks at or above the cut's bin, a byte per 32 (the count pass),
+	 * and the attention CTAs' order (lpt_order) */
+	L.g32 = off;
+	off += al256(nb / 32 + 1);
+	L.order = off;
+	off += al256((size_t)L.slots * 4);
 	L.per_head = off;
 	return L;
 }
@@ -304,6 +313,19 @@ int gpu_device_ok(void)
 #define SEGNOTE(ws, L, n_heads, h, si)                                         \
 	((uint32_t *)(ws) + (size_t)(n_heads) * HIST_WORDS +                   \
 	 2 * ((size_t)(h) * ((L).max_segs + 1) + (si)))
+
+/* The slot (context *@hi, slot *@x) an attention CTA works on where the
+ * select ordered them (ws_layout.lpt, lpt_order): the CTA of dispatch
+ * rank b takes rank b / heads of context b % heads's order, so that every
+ * context's heaviest slots go first and the contexts interleave.  Read
+ * after pdl_begin (the select wrote it). */
+__device__ __forceinline__ void lpt_slot(const char *ws, const struct ws_layout &L, uint32_t *hi,
+					 uint32_t *x)
+{
+	const uint32_t b = blockIdx.y * gridDim.x + blockIdx.x, h = b % gridDim.y;
+	*hi = h;
+	*x = __ldcg(WSP(const uint32_t, L, order, ws, h) + b / gridDim.y);
+}
 
 /* Orderable key of a float score; -0 and +0 compare equal as on the CPU. */
 __device__ __forceinline__ uint32_t fkey(float f)
@@ -1210,6 +1232,10 @@ struct sel_src {
 	const struct gpu_seg *segs; /* NULL: one segment starting at block 0 */
 	const struct score_tile *tiles; /* qrot's tile descriptors (with segs) */
 	uint32_t cwl; /* chunk width, log2 (ws_layout.cwl) */
+	/* for lpt_order only (the count kernels set them): the update buffer
+	 * (PackedAttention; NULL: none) and the dense window's tokens */
+	const struct gpu_seg *buf;
+	uint32_t win_n;
 };
 
 /* Select state of context h after the histograms (cleared every step):
@@ -1603,10 +1629,13 @@ __device__ uint32_t sel_exact(uint32_t nc, uint32_t prefix16, int mode, uint64_t
  * bits are above @prefix16 (the sink, block 0, not counted); the blocks
  * of that bin are appended at *@ncand (a shared or global counter) to
  * @ckey (keys) and @ciw ((index << 8) | tokens) while below SEL_CAP.
+ * @g32 (lpt_order's granules; @r0 a multiple of 32), unless NULL: for
+ * each 32 blocks from @r0 the count of those at or above the bin, the sink
+ * included.
  */
 __device__ uint32_t sel_scan_warp(const float *scores, const uint8_t *ntok, uint32_t r0,
 				  uint32_t r1, uint32_t prefix16, uint32_t *ncand, uint32_t *ckey,
-				  uint32_t *ciw)
+				  uint32_t *ciw, uint8_t *g32 = NULL)
 {
 	uint32_t lane = threadIdx.x & 31, cnt = 0;
 	for (uint32_t b0 = r0; b0 < r1; b0 += 32 * SEL_U) {
@@ -1625,6 +1654,12 @@ __device__ uint32_t sel_scan_warp(const float *scores, const uint8_t *ntok, uint
 			uint32_t k = fkey(sc[u]), t16 = k >> 16;
 			cnt += ok && t16 > prefix16;
 			bool cand = ok && t16 == prefix16;
+			if (g32) { /* @r0 is a multiple of 32: lane 0's block starts a granule */
+				uint32_t up = __ballot_sync(0xffffffffu,
+							    i < r1 && (i == 0 || t16 >= prefix16));
+				if (lane == 0 && i < r1)
+					g32[i >> 5] = (uint8_t)__popc(up);
+			}
 			uint32_t bal = __ballot_sync(0xffffffffu, cand);
 			if (bal) {
 				uint32_t basepos = 0;
@@ -1853,6 +1888,98 @@ __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
 	return last;
 }
 
+/*
+ * The attention kernel's dispatch order (ws_layout.lpt): context @h's
+ * slots by decreasing work, so that the step's last CTAs are its lightest
+ * (longest processing time first).  Why: a CTA's time is a fixed cost plus
+ * ~1,300 cycles a selected block, windows hold 20 ± 9 blocks at 1M tokens
+ * (bench/attn), and in slot order the CTAs dispatched last were as heavy
+ * as any: the SMs drained for the last ~20 % of the kernel
+ * (bench/cta_probe.py; a replay of the recorded CTA times in this order
+ * came out 15 % shorter).  A window's work is its granules' counts from
+ * the count pass (blocks at or above the cut's bin: what window_take
+ * takes, but for the bin's few candidates), a granule counted in the
+ * window of its first block; its parts split it as window_take does; a
+ * chunk of the update buffer counts its blocks, a tile of the dense window
+ * its tokens / 16.  Only the CTAs' order depends on it, never what a CTA
+ * computes.  All SEL_T threads of the context's last count CTA; sm.h,
+ * sm.ckey and sm.ciw are free by then.
+ */
+static __device__ __noinline__ void lpt_order(const struct sel_src &src, char *ws,
+					       const struct ws_layout &L, uint32_t h,
+					       struct sel_smem &sm)
+{
+	const uint32_t tid = threadIdx.x, cw = 1u << src.cwl, np1 = 1u << L.pl, ns = L.slots;
+	uint32_t *order = WSP(uint32_t, L, order, ws, h);
+	static_assert(SEL_CAP >= 1u << 9 && HIST_HI > 1u << 9, "lpt_order's scratch");
+	if (ns > SEL_CAP || cw > 1u << 9) { /* no room: slot order */
+		for (uint32_t x = tid; x < ns; x += SEL_T)
+			order[x] = x;
+		return;
+	}
+	const uint8_t *g32 = WSP(const uint8_t, L, g32, ws, h);
+	const uint32_t *wd = WSP(const uint32_t, L, wdesc, ws, h);
+	uint32_t nw = src.segs ? __ldcg(&wd[WDESC_COUNT(L.max_chunks)])
+			       : (src.nb + cw - 1) >> src.cwl;
+	nw = min(nw, min(L.max_chunks >> L.pl, (uint32_t)SEL_CAP));
+	uint32_t *wn = sm.ciw, *key = sm.ckey, *bins = sm.h; /* bins: cw + 1 keys */
+	for (uint32_t k = tid; k <= cw; k += SEL_T)
+		bins[k] = 0;
+	for (uint32_t wx = tid; wx < nw; wx += SEL_T) {
+		uint32_t a0, a1;
+		if (src.segs) {
+			const uint4 e = __ldcg((const uint4 *)wd + wx);
+			a0 = e.y;
+			a1 = e.z;
+		} else {
+			a0 = wx << src.cwl;
+			a1 = min(src.nb, a0 + cw);
+		}
+		uint32_t n = 0;
+		for (uint32_t g = (a0 + 31) >> 5; g < ((a1 + 31) >> 5); g++)
+			n += __ldcg(g32 + g);
+		wn[wx] = min(n, a1 > a0 ? a1 - a0 : 0u);
+	}
+	__syncthreads();
+	const uint32_t nbb = src.buf ? (src.buf->n + src.buf->b - 1) / src.buf->b : 0u;
+	for (uint32_t x = tid; x < ns; x += SEL_T) {
+		uint32_t k = 0;
+		if (x < L.max_chunks) {
+			const uint32_t wx = x >> L.pl, part = x & (np1 - 1u);
+			if (wx < nw) {
+				const uint32_t n = wn[wx];
+				const uint32_t np = min(np1, (n + PART_BLOCKS - 1) / PART_BLOCKS);
+				k = part < np ? (part + 1) * n / np - part * n / np : 0u;
+			}
+		} else if (x < L.max_chunks + L.buf_chunks) {
+			const uint32_t b0 = (x - L.max_chunks) << src.cwl;
+			k = b0 < nbb ? min(nbb - b0, cw) : 0u;
+		} else {
+			const uint32_t t0 = (x - L.max_chunks - L.buf_chunks) * WIN_TILE;
+			k = t0 < src.win_n ? (min(src.win_n - t0, (uint32_t)WIN_TILE) + 15) / 16 : 0u;
+		}
+		k = min(k, cw);
+		key[x] = k;
+		atomicAdd(&bins[cw - k], 1u);
+	}
+	__syncthreads();
+	if (tid < 32) { /* bins to offsets, the heaviest key first */
+		const uint32_t per = (cw + 32) / 32, k0 = tid * per;
+		uint32_t v = 0;
+		for (uint32_t k = k0; k < k0 + per && k <= cw; k++)
+			v += bins[k];
+		uint32_t o = warp_incl_scan(v) - v;
+		for (uint32_t k = k0; k < k0 + per && k <= cw; k++) {
+			const uint32_t c = bins[k];
+			bins[k] = o;
+			o += c;
+		}
+	}
+	__syncthreads();
+	for (uint32_t x = tid; x < ns; x += SEL_T)
+		order[atomicAdd(&bins[cw - key[x]], 1u)] = x;
+}
+
 __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 			   const struct ws_layout &L, uint32_t h, uint32_t R)
 {
@@ -1872,7 +1999,8 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	uint32_t r0 = min(nb, c * R), r1 = min(nb, r0 + R), Rw = R / 32;
 	uint32_t w0 = min(r1, r0 + w * Rw), w1 = min(r1, w0 + Rw);
 	uint32_t cnt = sel_scan_warp(WSP(float, L, scores, ws, h), WSP(uint8_t, L, ntok, ws, h),
-				     w0, w1, prefix16, &X[SX_NCAND], ckey, ciw);
+				     w0, w1, prefix16, &X[SX_NCAND], ckey, ciw,
+				     L.lpt ? WSP(uint8_t, L, g32, ws, h) : NULL);
 	if (lane == 0)
 		sm.wcnt[w] = cnt;
 	__syncthreads();
@@ -1890,6 +2018,10 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 		if (tid == 0) {
 			X[SX_SLOW] = 1;
 			X[SX_NSEL] = nsel;
+		}
+		if (L.lpt) {
+			__syncthreads(); /* select_slow's shared arrays are done */
+			lpt_order(src, ws, L, h, sm);
 		}
 		return;
 	}
@@ -1923,6 +2055,10 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 			X[SX_TMAX] = sm.tie_max;
 			X[SX_SLOW] = 0;
 		}
+	}
+	if (L.lpt) {
+		__syncthreads(); /* warp 0 has read sm.wcnt; sel_exact is done */
+		lpt_order(src, ws, L, h, sm);
 	}
 }
 
@@ -1962,7 +2098,8 @@ __global__ void __launch_bounds__(SEL_T) k_msel_count(const struct gpu_head *hea
 	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.y];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
-			    WSP(const struct score_tile, L, tiles, ws, blockIdx.y), L.cwl};
+			    WSP(const struct score_tile, L, tiles, ws, blockIdx.y), L.cwl,
+			    H->buf, H->win_n};
 	msel_count(s, frac, ws, L, blockIdx.y, R);
 }
 
@@ -1982,7 +2119,8 @@ __global__ void __launch_bounds__(SEL_T) k_msel_count_quest(const struct gpu_den
 {
 	pdl_begin();
 	const struct gpu_dense_head *H = &heads[blockIdx.y];
-	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL, L.cwl};
+	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL, L.cwl, NULL,
+			    H->win_n};
 	msel_count(s, frac, ws, L, blockIdx.y, R);
 }
 
@@ -2830,6 +2968,8 @@ __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *head
 	extern __shared__ __align__(16) unsigned char smraw[];
 	pk_smem &sm = *(pk_smem *)smraw;
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	if (L.lpt)
+		lpt_slot(ws, L, &hi, &x);
 	const struct gpu_head *H = &heads[hi];
 	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
@@ -4445,6 +4585,8 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	if (L.lpt)
+		lpt_slot(ws, L, &hi, &x);
 	const struct gpu_head *H = &heads[hi];
 	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
@@ -4885,6 +5027,8 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 	pdl_begin();
 	__shared__ __align__(16) float sm[4 * NQ * (D + 2)];
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	if (L.lpt)
+		lpt_slot(ws, L, &hi, &x);
 	const struct gpu_dense_head *H = &heads[hi];
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
 	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
@@ -5473,9 +5617,16 @@ static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, i
 	return 0;
 }
 
+/* Whether the step's select orders the attention CTAs (lpt_order): where
+ * the many-CTA select leaves only the cut, unless GPU_ATTN_SLOT_ORDER. */
+static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L, int many)
+{
+	return L.cut_only && many && !(a->flags & GPU_ATTN_SLOT_ORDER);
+}
+
 template <int NQ>
 static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_head *heads,
-			       const struct ws_layout &L, cudaStream_t s, int upto = 3)
+			       struct ws_layout &L, cudaStream_t s, int upto = 3)
 {
 	char *ws = (char *)a->ws;
 	/* the score kernel adds into the histograms: clear them (one memset
@@ -5501,6 +5652,7 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	int many, rc = msel_grid(a, &R, &gx, &many);
 	if (rc)
 		return rc;
+	L.lpt = lpt_of(a, L, many);
 	if (!many) {
 		GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					    (int)sizeof(struct sel_smem)));
@@ -5626,6 +5778,7 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 		int many, rc = msel_grid(a, &R, &gx, &many);
 		if (rc)
 			return rc;
+		L.lpt = lpt_of(a, L, many);
 		if (!many) {
 			GPU_CK(cudaFuncSetAttribute(k_select_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -5785,4 +5938,11 @@ void gpu_ws_qrot(const struct gpu_attn_args *a, uint32_t head, uint32_t si, cons
 uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head)
 {
 	return SELX((char *)a->ws, head) + SX_KSTAR;
+}
+
+uint32_t *gpu_ws_order(const struct gpu_attn_args *a, uint32_t head, int quest, uint32_t *slots)
+{
+	struct ws_layout L = ws_plan(a, quest ? WS_QUEST : WS_PACKED);
+	*slots = L.slots;
+	return WSP(uint32_t, L, order, a->ws, head);
 }

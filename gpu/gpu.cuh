@@ -231,6 +231,12 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * gpu/NOTES.md). */
 #define GPU_ATTN_SELECT_ONE_CTA 4u
 #define GPU_ATTN_SELECT_MANY_CTAS 8u
+/* Where the many-CTA select leaves only the cut, it also orders the
+ * attention kernel's CTAs by their work, the heaviest first and the
+ * contexts interleaved (attn.cu lpt_order: the step's last CTAs are then
+ * its lightest).  This flag keeps them in slot order (the version before;
+ * kept to compare).  The output is the same bits either way. */
+#define GPU_ATTN_SLOT_ORDER 131072u
 
 /* Bytes of scratch a call with these maxima needs (packed, quest or dense;
  * for dense, max_blocks counts tokens / quest_b). */
@@ -275,6 +281,12 @@ GPU_HIDDEN uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head)
  * and the last tied block taken (0: none).  Block i is selected iff i == 0,
  * its key is above the first word, or equal to it with i <= the second. */
 GPU_HIDDEN uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head);
+/* After a step that ordered its attention CTAs (GPU_ATTN_SLOT_ORDER
+ * unset, the many-CTA select leaving the cut): the order, *@slots words
+ * for context @head, the slot index of each rank (@quest: Quest's step's
+ * layout).  Device pointer. */
+GPU_HIDDEN uint32_t *gpu_ws_order(const struct gpu_attn_args *a, uint32_t head, int quest,
+				  uint32_t *slots);
 /* After a step or gpu_score_select: segment @si's rotated query (floats,
  * q'[c] at c * @ldq + h for the group's heads h, c below its d_keep;
  * *@ldq set), its remainder norms (*@qperp: ldq floats, head h at h),

@@ -22,6 +22,7 @@ static uint32_t g_pos;   /* segments given value positions (bit s: segment s) */
 static uint32_t g_sum8;  /* segments given 8-bit summaries (bit s: segment s) */
 static size_t g_seglen = 700; /* check_packed_rq's segments: g_seglen .. 2 g_seglen tokens */
 static int g_segb; /* check_packed_rq tells gpu_attn_args.max_seg_blocks */
+static uint32_t g_cmp; /* check_dense runs again with flags ^ g_cmp: the same bits */
 
 struct run {
 	uint32_t H, nq, d;
@@ -874,6 +875,106 @@ Test(gpu, packed_pdl_equals_plain, .timeout = 120)
 		cr_assert(memcmp(plain, r.out, n * sizeof(float)) == 0,
 			  "seed %llu flags %u: PDL and plain launches differ",
 			  (unsigned long long)seed, fl[v]);
+	}
+	free(plain);
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
+}
+
+static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
+
+/*
+ * The attention CTAs ordered by their work (lpt_order: the many-CTA select
+ * leaving the cut) give the same bits as in slot order (GPU_ATTN_SLOT_ORDER),
+ * and each context's order is a permutation of its slots by non-increasing
+ * work as counted here from the step's scores and cut: per 32-block
+ * granule the blocks at or above the cut's 16-bit bin (the sink always),
+ * a granule in the window of its first block, a window's two parts split
+ * as window_take splits, the dense window's tile at its tokens / 16.
+ */
+Test(gpu, packed_lpt_order, .timeout = 120)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t H = 3, nseg = 4, maxb, d = 128, nq = 4;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, 8, 1);
+	struct gu_ctx c[MAXH];
+	build_ctxs(c, H, &rng, d, nseg, 20000, 21, &eo, &maxb);
+	struct run r;
+	run_init(&r, &rng, H, nq, d, 0.1);
+	const uint32_t fl = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_256 |
+			    GPU_ATTN_PARTS_2;
+	g_flags = fl;
+	run_args(&r, nseg, maxb, 21, 16);
+	upload_heads(&r, c);
+	size_t n = (size_t)H * nq * d;
+	float *plain = malloc(n * sizeof(float));
+	r.a.flags = fl | GPU_ATTN_SLOT_ORDER;
+	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+	run_fetch(&r);
+	memcpy(plain, r.out, n * sizeof(float));
+	r.a.flags = fl;
+	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+	run_fetch(&r);
+	cr_assert(memcmp(plain, r.out, n * sizeof(float)) == 0,
+		  "seed %llu: ordered and slot-order CTAs differ", (unsigned long long)seed);
+	for (uint32_t h = 0; h < H; h++) {
+		uint32_t ns, nb = c[h].n_blocks, cut[2];
+		uint32_t *dord = gpu_ws_order(&r.a, h, 0, &ns);
+		uint32_t *ord = malloc(4 * ns), *key = calloc(ns, 4), *wn = calloc(ns, 4);
+		uint8_t *seen = calloc(ns, 1);
+		float *sc = malloc(4 * (size_t)nb);
+		GU_CK(cudaMemcpy(ord, dord, 4 * ns, cudaMemcpyDeviceToHost));
+		GU_CK(cudaMemcpy(cut, gpu_ws_cut(&r.a, h), 8, cudaMemcpyDeviceToHost));
+		GU_CK(cudaMemcpy(sc, gpu_ws_scores(&r.a, h), 4 * (size_t)nb, cudaMemcpyDeviceToHost));
+		for (uint32_t i = 0; i < ns; i++) {
+			cr_assert(ord[i] < ns && !seen[ord[i]],
+				  "seed %llu head %u: rank %u holds slot %u (of %u) twice or out of range",
+				  (unsigned long long)seed, h, i, ord[i], ns);
+			seen[ord[i]] = 1;
+		}
+		/* the windows: 256 blocks, aligned in each segment, in order */
+		uint32_t nw = 0;
+		for (uint32_t s = 0; s < nseg; s++) {
+			uint32_t b0 = c[h].segs[s].block0, sn = c[h].segs[s].n_blocks;
+			for (uint32_t a0 = b0; a0 < b0 + sn; a0 += 256) {
+				uint32_t a1 = a0 + 256 < b0 + sn ? a0 + 256 : b0 + sn, m = 0;
+				for (uint32_t g = (a0 + 31) / 32; g < (a1 + 31) / 32; g++)
+					for (uint32_t i = 32 * g; i < 32 * g + 32 && i < nb; i++)
+						m += i == 0 || host_fkey(sc[i]) >> 16 >= cut[0] >> 16;
+				cr_assert(nw < ns);
+				wn[nw++] = m < a1 - a0 ? m : a1 - a0;
+			}
+		}
+		/* slots: two a window, then the dense window's one tile */
+		for (uint32_t x = 0; x + 1 < ns; x++) {
+			uint32_t wx = x >> 1, part = x & 1;
+			if (wx >= nw)
+				continue;
+			uint32_t m = wn[wx], np = (m + 31) / 32 < 2 ? (m + 31) / 32 : 2;
+			key[x] = part < np ? (part + 1) * m / np - part * m / np : 0;
+		}
+		key[ns - 1] = (c[h].win_n + 15) / 16;
+		bool sorted_by_slot = true;
+		for (uint32_t x = 0; x + 1 < ns; x++)
+			sorted_by_slot &= key[x] >= key[x + 1];
+		/* else slot order would pass the check below */
+		cr_assert(!sorted_by_slot, "seed %llu head %u: slot order is already by work",
+			  (unsigned long long)seed, h);
+		for (uint32_t i = 0; i + 1 < ns; i++)
+			cr_assert(key[ord[i]] >= key[ord[i + 1]],
+				  "seed %llu head %u: rank %u slot %u work %u before slot %u work %u",
+				  (unsigned long long)seed, h, i, ord[i], key[ord[i]], ord[i + 1],
+				  key[ord[i + 1]]);
+		free(ord);
+		free(key);
+		free(wn);
+		free(seen);
+		free(sc);
 	}
 	free(plain);
 	run_free(&r);
@@ -1863,6 +1964,20 @@ static void check_dense(int quest, uint32_t d, uint32_t nq, uint32_t qb, double 
 	int rc = quest ? gpu_attend_quest(&r.a, r.dheads, 0) : gpu_attend_dense(&r.a, r.dheads, 0);
 	cr_assert_eq(rc, 0);
 	run_fetch(&r);
+	if (g_cmp) {
+		size_t no = (size_t)H * nq * d;
+		float *o1 = malloc(no * sizeof(float));
+		memcpy(o1, r.out, no * sizeof(float));
+		r.a.flags ^= g_cmp;
+		rc = quest ? gpu_attend_quest(&r.a, r.dheads, 0) : gpu_attend_dense(&r.a, r.dheads, 0);
+		cr_assert_eq(rc, 0);
+		run_fetch(&r);
+		r.a.flags ^= g_cmp;
+		cr_assert(memcmp(o1, r.out, no * sizeof(float)) == 0,
+			  "seed %llu: flags %#x and %#x differ", (unsigned long long)seed,
+			  r.a.flags, r.a.flags ^ g_cmp);
+		free(o1);
+	}
 	struct mkv_attn_opts ao;
 	attn_opts(&ao, d, nq, frac);
 	ao.quest_b = qb;
@@ -1924,6 +2039,14 @@ Test(gpu, quest_parts1_chunk256)
 {
 	g_flags = GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_1;
 	check_dense(1, 64, 8, 8, 0.3);
+}
+/* Quest's CTAs ordered by their work (the many-CTA select), against the
+ * CPU and against slot order (GPU_ATTN_SLOT_ORDER: the same bits) */
+Test(gpu, quest_lpt_many_ctas)
+{
+	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_64 | GPU_ATTN_PARTS_2;
+	g_cmp = GPU_ATTN_SLOT_ORDER;
+	check_dense(1, 128, 4, 8, 0.3);
 }
 
 /* The merge's fold over every slot (GPU_ATTN_MERGE_ALL: the path of steps
