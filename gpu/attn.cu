@@ -1896,10 +1896,15 @@ __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
  * (bench/attn), and in slot order the CTAs dispatched last were as heavy
  * as any: the SMs drained for the last ~20 % of the kernel
  * (bench/cta_probe.py; a replay of the recorded CTA times in this order
- * came out 15 % shorter).  A window's work is its granules' counts from
- * the count pass (blocks at or above the cut's bin: what window_take
- * takes, but for the bin's few candidates), a granule counted in the
- * window of its first block; its parts split it as window_take does; a
+ * came out 15 % shorter).  Measured (H200, 1M tokens, batch 1, one run):
+ * the step 219.5 -> 217.1 µs with this function's cost in the select
+ * (its granule loop a round trip a granule: gpu/NOTES.md has the faster
+ * form, not yet run), and with one slot a window instead of two (the
+ * second slots' empty CTAs gone) 211.7.  A window's work is its
+ * granules' counts from the count pass (blocks at or above the cut's
+ * bin: what window_take takes, but for the bin's few candidates), a
+ * granule counted in the window of its first block; its parts split it
+ * as window_take does; a
  * chunk of the update buffer counts its blocks, a tile of the dense window
  * its tokens / 16.  Only the CTAs' order depends on it, never what a CTA
  * computes.  All SEL_T threads of the context's last count CTA; sm.h,
@@ -5618,10 +5623,16 @@ static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, i
 }
 
 /* Whether the step's select orders the attention CTAs (lpt_order): where
- * the many-CTA select leaves only the cut, unless GPU_ATTN_SLOT_ORDER. */
-static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L, int many)
+ * the many-CTA select leaves only the cut, unless GPU_ATTN_SLOT_ORDER;
+ * for Quest (@quest) only with GPU_ATTN_WORK_ORDER (H200, 1M tokens,
+ * batch 1, one run: 328.9 µs ordered, 325.6 in slot order; ours 217.1
+ * and 219.5). */
+static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L, int many,
+		       bool quest)
 {
-	return L.cut_only && many && !(a->flags & GPU_ATTN_SLOT_ORDER);
+	if (!L.cut_only || !many || (a->flags & GPU_ATTN_SLOT_ORDER))
+		return 0;
+	return !quest || (a->flags & GPU_ATTN_WORK_ORDER);
 }
 
 template <int NQ>
@@ -5652,7 +5663,7 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	int many, rc = msel_grid(a, &R, &gx, &many);
 	if (rc)
 		return rc;
-	L.lpt = lpt_of(a, L, many);
+	L.lpt = lpt_of(a, L, many, false);
 	if (!many) {
 		GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					    (int)sizeof(struct sel_smem)));
@@ -5778,7 +5789,7 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 		int many, rc = msel_grid(a, &R, &gx, &many);
 		if (rc)
 			return rc;
-		L.lpt = lpt_of(a, L, many);
+		L.lpt = lpt_of(a, L, many, true);
 		if (!many) {
 			GPU_CK(cudaFuncSetAttribute(k_select_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,

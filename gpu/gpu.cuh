@@ -231,12 +231,16 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * gpu/NOTES.md). */
 #define GPU_ATTN_SELECT_ONE_CTA 4u
 #define GPU_ATTN_SELECT_MANY_CTAS 8u
-/* Where the many-CTA select leaves only the cut, it also orders the
- * attention kernel's CTAs by their work, the heaviest first and the
- * contexts interleaved (attn.cu lpt_order: the step's last CTAs are then
- * its lightest).  This flag keeps them in slot order (the version before;
- * kept to compare).  The output is the same bits either way. */
+/* Where the many-CTA select leaves only the cut, PackedAttention's select
+ * also orders the attention kernel's CTAs by their work, the heaviest
+ * first and the contexts interleaved (attn.cu lpt_order: the step's last
+ * CTAs are then its lightest).  GPU_ATTN_SLOT_ORDER keeps them in slot
+ * order (the version before; kept to compare).  Quest keeps slot order,
+ * where it measured 1 % faster (gpu/NOTES.md, thirty-second session: the
+ * baseline runs as it runs fastest), unless GPU_ATTN_WORK_ORDER.  The
+ * output is the same bits either way. */
 #define GPU_ATTN_SLOT_ORDER 131072u
+#define GPU_ATTN_WORK_ORDER 262144u
 
 /* Bytes of scratch a call with these maxima needs (packed, quest or dense;
  * for dense, max_blocks counts tokens / quest_b). */

@@ -2040,12 +2040,14 @@ Test(gpu, quest_parts1_chunk256)
 	g_flags = GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_1;
 	check_dense(1, 64, 8, 8, 0.3);
 }
-/* Quest's CTAs ordered by their work (the many-CTA select), against the
- * CPU and against slot order (GPU_ATTN_SLOT_ORDER: the same bits) */
+/* Quest's CTAs ordered by their work (the many-CTA select with
+ * GPU_ATTN_WORK_ORDER), against the CPU and against its default slot
+ * order: the same bits */
 Test(gpu, quest_lpt_many_ctas)
 {
-	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_64 | GPU_ATTN_PARTS_2;
-	g_cmp = GPU_ATTN_SLOT_ORDER;
+	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_64 | GPU_ATTN_PARTS_2 |
+		  GPU_ATTN_WORK_ORDER;
+	g_cmp = GPU_ATTN_WORK_ORDER;
 	check_dense(1, 128, 4, 8, 0.3);
 }
 
