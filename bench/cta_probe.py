@@ -31,7 +31,11 @@ time = a + b * blocks (a: the fixed cost of a CTA under the SM's load);
 then, for the staged path's CTAs, where that time goes: the opening (to
 the list), the first rows (to the last warp's first sub-block), the loop
 (to the last warp's end, with its own fit), the warps' spread at the loop's
-end (the CTA waiting for its slowest warp) and the tail (merge, partial).
+end (the CTA waiting for its slowest warp) and the tail (merge, partial);
+then how many CTAs an SM held, and how many of them were in their loop,
+over the kernel (`profile`), and the recorded times replayed in record
+order and longest first (`replay`; records are in dispatch order, also
+where the select ordered the CTAs: gpu/attn.cu lpt_order).
 
 Used in the thirtieth session (gpu/NOTES.md): 1M tokens, batch 1, a CTA
 cost 23,100 + 1,309 cycles a selected block and the windows' counts had a
@@ -225,6 +229,75 @@ def summary(b):
     return r
 
 
+def records(b):
+    """The dump's CTAs in record (dispatch) order: (sm, blocks, start, end,
+    first rows, latest loop end), clocks of the CTA's SM."""
+    slots, nh = struct.unpack("2I", b[:8])
+    out = []
+    for i in range(slots * nh):
+        _, c0, c1, m, _, cf, _, cmx = struct.unpack("8Q", b[16 + 64 * i:80 + 64 * i])
+        out.append((m & 0xFFFF, (m >> 16) & 0xFFFF, c0, c1, cf, cmx))
+    return out
+
+
+def profile(b, nb=20):
+    """Mean CTAs resident, and mean CTAs in their loop (first rows to the
+    latest warp's loop end), per SM over nb equal parts of the longest SM
+    span, each SM's time from its first CTA's start: [(resident, loop)]."""
+    per = {}
+    for r in records(b):
+        per.setdefault(r[0], []).append(r)
+    span = max(max(r[3] for r in v) - min(r[2] for r in v) for v in per.values())
+    w = span / nb
+    acc = [[0.0, 0.0] for _ in range(nb)]
+    for v in per.values():
+        o = min(r[2] for r in v)
+        for sm, cnt, c0, c1, cf, cmx in v:
+            ivs = [(0, c0, c1)]
+            if cnt and cf and cmx > cf:
+                ivs.append((1, cf, cmx))
+            for k, a, e in ivs:
+                for j in range(nb):
+                    lo, hi = o + w * j, o + w * (j + 1)
+                    acc[j][k] += max(0.0, min(hi, e) - max(lo, a))
+    n = len(per)
+    return [(x / w / n, y / w / n) for x, y in acc]
+
+
+def replay(b, slots=None):
+    """The recorded CTA times dispatched again onto `slots` CTA slots (by
+    default the SMs times the most CTAs an SM held at once), each to the
+    first slot free: the makespan in record order, in decreasing-time order
+    (longest first), and the bound sum / slots.  Times stay as recorded,
+    under the load they ran with: a first-order estimate of what an order
+    buys, not a prediction."""
+    import heapq
+    rs = records(b)
+    if slots is None:
+        per, most = {}, 0
+        for r in rs:
+            per.setdefault(r[0], []).append((r[2], r[3]))
+        for v in per.values():
+            ev = sorted([(a, 1) for a, _ in v] + [(e, -1) for _, e in v], key=lambda x: (x[0], x[1]))
+            c = 0
+            for _, d in ev:
+                c += d
+                most = max(most, c)
+        slots = len(per) * most
+
+    def run(ds):
+        h = [0] * slots
+        end = 0
+        for d in ds:
+            t = heapq.heappop(h) + d
+            end = max(end, t)
+            heapq.heappush(h, t)
+        return end
+    ds = [max(0, r[3] - r[2]) for r in rs]
+    return {"slots": slots, "record_order": run(ds), "longest_first": run(sorted(ds, reverse=True)),
+            "bound": sum(ds) / slots}
+
+
 def report(fn):
     r = summary(open(fn, "rb").read())
     print(f"{fn}: {r['slots']} slots x {r['heads']} heads (max_chunks {r['max_chunks']}, "
@@ -246,6 +319,13 @@ def report(fn):
               f"warps' spread {r['t_spread']:.0f}), tail +{r['t_tail']:.0f}")
     if "loop_fixed" in r:
         print(f"  loop cycles = {r['loop_fixed']:.0f} + {r['loop_per_block']:.0f} * blocks")
+    b = open(fn, "rb").read()
+    p = profile(b)
+    print("  CTAs an SM, resident / in their loop, by twentieths of the longest span: " +
+          " ".join(f"{x:.1f}/{y:.1f}" for x, y in p))
+    q = replay(b)
+    print(f"  replayed on {q['slots']} slots: record order {q['record_order']:.0f}, longest "
+          f"first {q['longest_first']:.0f}, bound {q['bound']:.0f} cycles")
 
 
 if __name__ == "__main__":

@@ -95,5 +95,34 @@ check(r["staged"] == 4 and r["t_list"] == 300 and r["t_first"] == 200, "the open
 check(r["t_loop"] == 1000 and r["t_spread"] == 100 and r["t_tail"] == 750, "loop and tail")
 check(abs(r["loop_fixed"]) < 1e-9 and abs(r["loop_per_block"] - 40) < 1e-9, "the loop's fit")
 
+# profile, two parts of the longest span (SM 1's 5800): SM 0 from 100 holds
+# [0, 1500], [200, 600] (no work), [1600, 3600]; SM 1 from 200 holds
+# [0, 2500], [2600, 3200] (no work), [2800, 5800].  Loops run from the
+# first rows (start + 500) to their end (start + 500 + 40 blocks).
+p = cta_probe.profile(b, nb=2)
+W = 2900.0
+res0 = ((1500 + 400 + (2900 - 1600)) + (2500 + 300 + (2900 - 2800))) / W / 2
+res1 = ((3600 - 2900) + ((3200 - 2900) + (5800 - 2900))) / W / 2
+# loops, relative to each SM's origin: SM 0 [500, 900], [2100, 2900];
+# SM 1 [500, 1700], [3300, 4900]
+loop0 = ((400 + 800) + 1200) / W / 2
+loop1 = (0 + (4900 - 3300)) / W / 2
+check(len(p) == 2 and abs(p[0][0] - res0) < 1e-12 and abs(p[1][0] - res1) < 1e-12,
+      "profile: resident CTAs")
+check(abs(p[0][1] - loop0) < 1e-12 and abs(p[1][1] - loop1) < 1e-12, "profile: CTAs in their loop")
+# replay on 2 slots: record order 1500, 2500, 400, 2000, 600, 3000 ends at
+# 6100; longest first 3000, 2500, 2000, 1500, 600, 400 at 5100; 10000 / 2
+q = cta_probe.replay(b, slots=2)
+check(q["record_order"] == 6100 and q["longest_first"] == 5100 and q["bound"] == 5000,
+      "replay on two slots")
+# by default the slots are the SMs times the most CTAs an SM held at once
+# (two on each: SM 0 from 300 to 700, SM 1 from 3000 to 3400): 4.  Record
+# order: 1500, 2500, 400, 2000 start at once, 600 after the 400 (at 1000),
+# 3000 after it (4000); longest first: 3000, 2500, 2000, 1500, then 600 on
+# the 1500's slot (2100) and 400 on the 2000's (2400)
+q = cta_probe.replay(b)
+check(q["slots"] == 4 and q["record_order"] == 4000, "replay on the default four slots")
+check(q["longest_first"] == 3000 and q["bound"] == 2500, "replay longest first on four slots")
+
 print("cta_probe:", "FAIL" if fails else "ok")
 sys.exit(1 if fails else 0)
