@@ -843,6 +843,43 @@ Test(gpu, small_rows_predicate)
 	cr_assert_eq(gpu_seg_small_rows(NULL, 128), 0);
 }
 
+/* LONG_H contexts of four long segments (20,000-40,000 tokens of b = 8,
+ * the second short: multi-chunk segments, k_segrot) and a window of 21 - h
+ * tokens, r = 32 of 96, uploaded with flags @fl (run_args). */
+#define LONG_H 3u
+#define LONG_NSEG 4u
+static void long_run(struct gu_ctx *c, struct run *r, uint64_t seed, double frac, uint32_t fl)
+{
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t maxb, d = 128;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, 8, 1);
+	build_ctxs(c, LONG_H, &rng, d, LONG_NSEG, 20000, 21, &eo, &maxb);
+	run_init(r, &rng, LONG_H, 4, d, frac);
+	g_flags = fl;
+	run_args(r, LONG_NSEG, maxb, 21, 16);
+	upload_heads(r, c);
+}
+
+/* gpu_attend_packed with flags @fa, then @fb: the same bits (@what: why
+ * they should be) */
+static void same_bits(struct run *r, uint64_t seed, uint32_t fa, uint32_t fb, const char *what)
+{
+	size_t n = (size_t)r->H * r->nq * r->d;
+	float *first = malloc(n * sizeof(float));
+	r->a.flags = fa;
+	cr_assert_eq(gpu_attend_packed(&r->a, r->dheads, 0), 0);
+	run_fetch(r);
+	memcpy(first, r->out, n * sizeof(float));
+	r->a.flags = fb;
+	cr_assert_eq(gpu_attend_packed(&r->a, r->dheads, 0), 0);
+	run_fetch(r);
+	cr_assert(memcmp(first, r->out, n * sizeof(float)) == 0,
+		  "seed %llu flags %#x and %#x: %s differ", (unsigned long long)seed, fa, fb, what);
+	free(first);
+}
+
 /* The step's kernels chained by programmatic dependent launch give the
  * same bits as launched one after another (GPU_ATTN_NO_PDL), over
  * multi-chunk segments (k_segrot) and both select variants. */
@@ -850,35 +887,14 @@ Test(gpu, packed_pdl_equals_plain, .timeout = 120)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
-	struct gu_rng rng;
-	gu_rng_init(&rng, seed);
-	uint32_t H = 3, nseg = 4, maxb, d = 128, nq = 4;
-	struct mkv_encode_opts eo;
-	enc_opts(&eo, d, 32, 1, 8, 1);
 	struct gu_ctx c[MAXH];
-	build_ctxs(c, H, &rng, d, nseg, 20000, 21, &eo, &maxb);
 	struct run r;
-	run_init(&r, &rng, H, nq, d, 0.4);
-	run_args(&r, nseg, maxb, 21, 16);
-	upload_heads(&r, c);
-	size_t n = (size_t)H * nq * d;
-	float *plain = malloc(n * sizeof(float));
+	long_run(c, &r, seed, 0.4, 0);
 	uint32_t fl[3] = {GPU_ATTN_SMALL_ROWS, 0, GPU_ATTN_SELECT_MANY_CTAS};
-	for (int v = 0; v < 3; v++) {
-		r.a.flags = fl[v] | GPU_ATTN_NO_PDL;
-		cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
-		run_fetch(&r);
-		memcpy(plain, r.out, n * sizeof(float));
-		r.a.flags = fl[v];
-		cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
-		run_fetch(&r);
-		cr_assert(memcmp(plain, r.out, n * sizeof(float)) == 0,
-			  "seed %llu flags %u: PDL and plain launches differ",
-			  (unsigned long long)seed, fl[v]);
-	}
-	free(plain);
+	for (int v = 0; v < 3; v++)
+		same_bits(&r, seed, fl[v] | GPU_ATTN_NO_PDL, fl[v], "PDL and plain launches");
 	run_free(&r);
-	for (uint32_t h = 0; h < H; h++)
+	for (uint32_t h = 0; h < LONG_H; h++)
 		gu_ctx_free(&c[h]);
 }
 
@@ -897,31 +913,14 @@ Test(gpu, packed_lpt_order, .timeout = 120)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
-	struct gu_rng rng;
-	gu_rng_init(&rng, seed);
-	uint32_t H = 3, nseg = 4, maxb, d = 128, nq = 4;
-	struct mkv_encode_opts eo;
-	enc_opts(&eo, d, 32, 1, 8, 1);
-	struct gu_ctx c[MAXH];
-	build_ctxs(c, H, &rng, d, nseg, 20000, 21, &eo, &maxb);
-	struct run r;
-	run_init(&r, &rng, H, nq, d, 0.1);
+	const uint32_t H = LONG_H, nseg = LONG_NSEG;
 	const uint32_t fl = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_256 |
 			    GPU_ATTN_PARTS_2;
-	g_flags = fl;
-	run_args(&r, nseg, maxb, 21, 16);
-	upload_heads(&r, c);
-	size_t n = (size_t)H * nq * d;
-	float *plain = malloc(n * sizeof(float));
-	r.a.flags = fl | GPU_ATTN_SLOT_ORDER;
-	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
-	run_fetch(&r);
-	memcpy(plain, r.out, n * sizeof(float));
-	r.a.flags = fl;
-	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
-	run_fetch(&r);
-	cr_assert(memcmp(plain, r.out, n * sizeof(float)) == 0,
-		  "seed %llu: ordered and slot-order CTAs differ", (unsigned long long)seed);
+	struct gu_ctx c[MAXH];
+	struct run r;
+	long_run(c, &r, seed, 0.1, fl);
+	/* the ordered run last: its scratch is read below */
+	same_bits(&r, seed, fl | GPU_ATTN_SLOT_ORDER, fl, "ordered and slot-order CTAs");
 	for (uint32_t h = 0; h < H; h++) {
 		uint32_t ns, nb = c[h].n_blocks, cut[2];
 		uint32_t *dord = gpu_ws_order(&r.a, h, 0, &ns);
@@ -976,7 +975,6 @@ Test(gpu, packed_lpt_order, .timeout = 120)
 		free(seen);
 		free(sc);
 	}
-	free(plain);
 	run_free(&r);
 	for (uint32_t h = 0; h < H; h++)
 		gu_ctx_free(&c[h]);
