@@ -1897,18 +1897,18 @@ __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
  * as any: the SMs drained for the last ~20 % of the kernel
  * (bench/cta_probe.py; a replay of the recorded CTA times in this order
  * came out 15 % shorter).  Measured (H200, 1M tokens, batch 1, one run):
- * the step 219.5 -> 217.1 µs with this function's cost in the select
- * (its granule loop a round trip a granule: gpu/NOTES.md has the faster
- * form, not yet run), and with one slot a window instead of two (the
- * second slots' empty CTAs gone) 211.7.  A window's work is its
- * granules' counts from the count pass (blocks at or above the cut's
- * bin: what window_take takes, but for the bin's few candidates), a
- * granule counted in the window of its first block; its parts split it
- * as window_take does; a
- * chunk of the update buffer counts its blocks, a tile of the dense window
- * its tokens / 16.  Only the CTAs' order depends on it, never what a CTA
- * computes.  All SEL_T threads of the context's last count CTA; sm.h,
- * sm.ckey and sm.ciw are free by then.
+ * the step 219.5 -> 217.1 µs, this function's cost in the select
+ * included, whose granule loop then waited a round trip a granule (its
+ * loads go out at once since: not yet run on a GPU); with one slot a
+ * window instead of two (the second slots' empty CTAs gone) 211.7.
+ *
+ * A window's work is its granules' counts from the count pass (blocks at
+ * or above the cut's bin: what window_take takes, but for the bin's few
+ * candidates), a granule counted in the window of its first block; its
+ * parts split it as window_take does; a chunk of the update buffer counts
+ * its blocks, a tile of the dense window its tokens / 16.  Only the CTAs'
+ * order depends on it, never what a CTA computes.  All SEL_T threads of
+ * the context's last count CTA; sm.h, sm.ckey and sm.ciw are free by then.
  */
 static __device__ __noinline__ void lpt_order(const struct sel_src &src, char *ws,
 					       const struct ws_layout &L, uint32_t h,
@@ -1924,13 +1924,22 @@ static __device__ __noinline__ void lpt_order(const struct sel_src &src, char *w
 	}
 	const uint8_t *g32 = WSP(const uint8_t, L, g32, ws, h);
 	const uint32_t *wd = WSP(const uint32_t, L, wdesc, ws, h);
+	const uint32_t mw = min(L.max_chunks >> L.pl, (uint32_t)SEL_CAP);
+	/* the buffer's size, the window count and a window's entry (read
+	 * whether or not it exists: the table's words hold max_chunks >> pl
+	 * entries) in one round trip, its granules in the next: every load of
+	 * a thread issued at once (a loop over granules was a round trip each) */
+	uint32_t bn = 0, bb = 1;
+	if (src.buf) {
+		bn = src.buf->n;
+		bb = src.buf->b;
+	}
 	uint32_t nw = src.segs ? __ldcg(&wd[WDESC_COUNT(L.max_chunks)])
 			       : (src.nb + cw - 1) >> src.cwl;
-	nw = min(nw, min(L.max_chunks >> L.pl, (uint32_t)SEL_CAP));
 	uint32_t *wn = sm.ciw, *key = sm.ckey, *bins = sm.h; /* bins: cw + 1 keys */
 	for (uint32_t k = tid; k <= cw; k += SEL_T)
 		bins[k] = 0;
-	for (uint32_t wx = tid; wx < nw; wx += SEL_T) {
+	for (uint32_t wx = tid; wx < mw; wx += SEL_T) {
 		uint32_t a0, a1;
 		if (src.segs) {
 			const uint4 e = __ldcg((const uint4 *)wd + wx);
@@ -1940,13 +1949,21 @@ static __device__ __noinline__ void lpt_order(const struct sel_src &src, char *w
 			a0 = wx << src.cwl;
 			a1 = min(src.nb, a0 + cw);
 		}
+		if (wx >= nw)
+			a1 = a0;
+		/* the granules whose first block is in [a0, a1): at most
+		 * cw / 32 + 1 of them */
+		const uint32_t g0 = (a0 + 31) >> 5, g1 = a1 > a0 ? (a1 + 31) >> 5 : g0;
 		uint32_t n = 0;
-		for (uint32_t g = (a0 + 31) >> 5; g < ((a1 + 31) >> 5); g++)
-			n += __ldcg(g32 + g);
-		wn[wx] = min(n, a1 > a0 ? a1 - a0 : 0u);
+#pragma unroll
+		for (uint32_t k = 0; k < (1u << 9) / 32 + 1; k++)
+			if (g0 + k < g1)
+				n += __ldcg(g32 + g0 + k);
+		wn[wx] = min(n, a1 - a0);
 	}
+	nw = min(nw, mw);
 	__syncthreads();
-	const uint32_t nbb = src.buf ? (src.buf->n + src.buf->b - 1) / src.buf->b : 0u;
+	const uint32_t nbb = (bn + bb - 1) / bb;
 	for (uint32_t x = tid; x < ns; x += SEL_T) {
 		uint32_t k = 0;
 		if (x < L.max_chunks) {
