@@ -89,6 +89,9 @@ struct ws_layout {
 	uint32_t lpt;      /* the count pass writes g32 and the select the
 			    * attention CTAs' order (lpt_order; set by the
 			    * launch) */
+	uint32_t pb;       /* a window's part holds at least this many
+			    * selected blocks where it has more than one
+			    * (PART_BLOCKS, or 64 with GPU_ATTN_PART_64) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -206,6 +209,7 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 	memset(&L, 0, sizeof L);
 	size_t nb = a->max_blocks, ns = a->max_segs;
 	L.cwl = chunk_lg(a);
+	L.pb = a->flags & GPU_ATTN_PART_64 ? 64 : PART_BLOCKS;
 	const size_t cw = (size_t)1 << L.cwl;
 	L.win_tiles = (a->max_win + WIN_TILE - 1) / WIN_TILE;
 	if (m == WS_DENSE) {
@@ -1970,7 +1974,7 @@ static __device__ __noinline__ void lpt_order(const struct sel_src &src, char *w
 			const uint32_t wx = x >> L.pl, part = x & (np1 - 1u);
 			if (wx < nw) {
 				const uint32_t n = wn[wx];
-				const uint32_t np = min(np1, (n + PART_BLOCKS - 1) / PART_BLOCKS);
+				const uint32_t np = min(np1, (n + L.pb - 1) / L.pb);
 				k = part < np ? (part + 1) * n / np - part * n / np : 0u;
 			}
 		} else if (x < L.max_chunks + L.buf_chunks) {
@@ -2329,8 +2333,8 @@ __device__ __forceinline__ void mark_empty(float *pml, int nq)
 /*
  * The blocks of [@a0, @a1) (at most 512) the select's cut takes
  * (sel_take), in block order: of the n taken, part @part of
- * min(1 << @pl, ceil(n / PART_BLOCKS)) equal parts (all of them where @pl
- * is 0), at their places in the window's list @out, *@lo on: shared
+ * min(1 << @pl, ceil(n / @pb)) equal parts (all of them where @pl is 0;
+ * @pb: ws_layout.pb), at their places in the window's list @out, *@lo on: shared
  * memory (PackedAttention) or the window's range of the sel array
  * (Quest: the parts of a window write disjoint entries), read back with
  * ordinary loads after the barrier (never __ldg: written in this kernel).
@@ -2341,7 +2345,7 @@ __device__ __forceinline__ void mark_empty(float *pml, int nq)
  */
 __device__ uint32_t window_take(const float *scores, uint32_t a0, uint32_t a1,
 				uint32_t kstar, uint32_t tmax, uint32_t part, uint32_t pl,
-				uint32_t *out, uint32_t *lo)
+				uint32_t pb, uint32_t *out, uint32_t *lo)
 {
 	__shared__ uint32_t wsum[4];
 	constexpr int M = 4; /* blocks per thread: 512 / 128 */
@@ -2371,7 +2375,7 @@ __device__ uint32_t window_take(const float *scores, uint32_t a0, uint32_t a1,
 		tot += v;
 	}
 	uint32_t p = before + x - c;
-	const uint32_t np = min(1u << pl, (tot + PART_BLOCKS - 1) / PART_BLOCKS);
+	const uint32_t np = min(1u << pl, (tot + pb - 1) / pb);
 	const uint32_t l0 = part < np ? part * tot / np : tot;
 	const uint32_t l1 = part < np ? (part + 1) * tot / np : tot;
 #pragma unroll
@@ -2932,7 +2936,7 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 					(const char *)*sgp + (threadIdx.x == 2 ? sizeof(struct gpu_seg) - 1
 										: 96u * threadIdx.x)));
 			n = window_take(WSP(float, L, scores, ws, hi), e.y, e.z, kstar, tmax, part,
-					L.pl, wlist, &lo);
+					L.pl, L.pb, wlist, &lo);
 			if (n == 0 && threadIdx.x == 0) {
 				/* an empty window (or part) still counts in its segment's
 				 * note: k_segrot combines slots xa .. xa + n - 1,
@@ -5102,7 +5106,7 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 			uint32_t n = a0 < nb ? window_take(WSP(float, L, scores, ws, hi), a0,
 							   min(nb, a0 + (1u << L.cwl)), X[SX_KSTAR],
 							   X[SX_TMAX], x & ((1u << L.pl) - 1u), L.pl,
-							   WSP(uint32_t, L, sel, ws, hi) + a0, &lo)
+							   L.pb, WSP(uint32_t, L, sel, ws, hi) + a0, &lo)
 					     : 0u;
 			if (n == 0) {
 				mark_empty(pml, NQ);

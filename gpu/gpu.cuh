@@ -221,6 +221,12 @@ struct gpu_attn_args {
 #define GPU_ATTN_PARTS_1 16384u
 #define GPU_ATTN_PARTS_2 32768u
 #define GPU_ATTN_PARTS_4 65536u
+/* A window is split over its slots only past 64 selected blocks a part,
+ * not PART_BLOCKS (32): with the CTAs ordered by work (GPU_ATTN_SLOT_ORDER
+ * unset) the heaviest windows no longer come last, and fewer parts carry
+ * fewer fixed costs (a model of the H200's 1M-token windows: 5 % off the
+ * attention kernel; gpu/NOTES.md, thirty-second session; to measure). */
+#define GPU_ATTN_PART_64 524288u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

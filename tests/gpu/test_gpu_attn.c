@@ -469,6 +469,16 @@ Test(gpu, packed_parts2_chunk256_long_segments, .timeout = 120)
 	g_flags = GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_2;
 	check_packed_rq(128, 4, 1, 1, 8, 0.6, 37, 32, 0);
 }
+/* windows of 256 with ~51 selected blocks: two parts of PART_BLOCKS
+ * (32), one with GPU_ATTN_PART_64; the CTAs ordered by work (many-CTA
+ * select) */
+Test(gpu, packed_part64_ordered_long_segments, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_256 |
+		  GPU_ATTN_PARTS_2 | GPU_ATTN_PART_64;
+	check_packed_rq(128, 4, 1, 1, 8, 0.2, 37, 32, 0);
+}
 Test(gpu, packed_parts4_whole_segments)
 {
 	g_segb = 1;
