@@ -37,7 +37,7 @@ fi
 if [ "${NCU:-0}" = 1 ]; then
   echo "== ncu"
   timeout ${NCU_T:-200} ncu --clock-control none --kernel-name-base function \
-    --kernel-name regex:'^k_(qrot|score|select|attn_packed_tc|attn_packed|merge)$' --launch-count ${NCU_N:-6} \
+    --kernel-name regex:'^k_(qrot|score|select|msel_count|attn_packed_tc|attn_packed|segrot|merge)$' --launch-count ${NCU_N:-7} \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
     --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters \
     --metrics smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__bytes_read.sum \
