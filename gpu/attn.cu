@@ -1914,7 +1914,7 @@ __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
  * order depends on it, never what a CTA computes.  All SEL_T threads of
  * the context's last count CTA; sm.h, sm.ckey and sm.ciw are free by then.
  */
-static __device__ __noinline__ void lpt_order(const struct sel_src &src, char *ws,
+static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
 					       const struct ws_layout &L, uint32_t h,
 					       struct sel_smem &sm)
 {
