@@ -136,12 +136,30 @@ static cudaGraphExec_t capture(step_fn f, const struct gpu_attn_args *a, const v
 	return ge;
 }
 
+/* The contenders' calls with flags @fl added to the step's. */
+static int packed_with(const struct gpu_attn_args *a, const void *h, cudaStream_t s, uint32_t fl)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= fl;
+	return gpu_attend_packed(&b, h, s);
+}
+static int quest_with(const struct gpu_attn_args *a, const void *h, cudaStream_t s, uint32_t fl)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= fl;
+	return gpu_attend_quest(&b, h, s);
+}
+static int ss_with(const struct gpu_attn_args *a, const void *h, cudaStream_t s, uint32_t fl)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= fl;
+	return gpu_score_select(&b, h, s);
+}
+
 /* both of the bench's row formats keep the small-rows promise */
 static int f_packed(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS);
 }
 static int f_packed_3(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -149,92 +167,64 @@ static int f_packed_3(const struct gpu_attn_args *a, const void *h, cudaStream_t
 }
 static int f_packed_256(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_256;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_256);
 }
 static int f_packed_512(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512);
 }
 static int f_packed_64(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
 }
 static int f_packed_128(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_128;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_128);
 }
 static int f_packed_p1(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_PARTS_1;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_PARTS_1);
 }
 static int f_packed_p2(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_PARTS_2;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_PARTS_2);
 }
 static int f_packed_p4(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_PARTS_4;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_PARTS_4);
 }
 /* windows split only past 64 selected blocks a part (GPU_ATTN_PART_64) */
 static int f_packed_b64(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_PART_64;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_PART_64);
 }
 /* the attention CTAs in slot order (GPU_ATTN_SLOT_ORDER: the version
  * before the select ordered them by work) */
 static int f_packed_so(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_SLOT_ORDER;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SLOT_ORDER);
 }
 /* Quest with its CTAs ordered by work (GPU_ATTN_WORK_ORDER; by default
  * it keeps slot order, where it measured faster) */
 static int f_quest_wo(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_WORK_ORDER;
-	return gpu_attend_quest(&b, h, s);
+	return quest_with(a, h, s, GPU_ATTN_WORK_ORDER);
 }
 static int f_quest_p2(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_PARTS_2;
-	return gpu_attend_quest(&b, h, s);
+	return quest_with(a, h, s, GPU_ATTN_PARTS_2);
 }
 static int f_packed_ma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_MERGE_ALL;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_MERGE_ALL);
 }
 static int f_packed_cc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_CUDA_CORES;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_CUDA_CORES);
 }
 static int f_packed_w(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_WALK;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_WALK);
 }
 static int f_packed_ss(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -250,15 +240,11 @@ static int f_packed_upto2(const struct gpu_attn_args *a, const void *h, cudaStre
 }
 static int f_packed_ss1(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SELECT_ONE_CTA;
-	return gpu_score_select(&b, h, s);
+	return ss_with(a, h, s, GPU_ATTN_SELECT_ONE_CTA);
 }
 static int f_packed_ssm(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SELECT_MANY_CTAS;
-	return gpu_score_select(&b, h, s);
+	return ss_with(a, h, s, GPU_ATTN_SELECT_MANY_CTAS);
 }
 static int f_quest(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -266,15 +252,11 @@ static int f_quest(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 }
 static int f_quest_sl(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SELECT_LIST;
-	return gpu_attend_quest(&b, h, s);
+	return quest_with(a, h, s, GPU_ATTN_SELECT_LIST);
 }
 static int f_packed_sl(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_LIST;
-	return gpu_attend_packed(&b, h, s);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_LIST);
 }
 static int f_quest_ss(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -284,9 +266,7 @@ static int f_quest_ss(const struct gpu_attn_args *a, const void *h, cudaStream_t
  * the step writes none) */
 static int f_packed_sc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_STAGE_CUT;
-	return gpu_score_select(&b, h, s);
+	return ss_with(a, h, s, GPU_ATTN_STAGE_CUT);
 }
 static int f_quest_sc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {

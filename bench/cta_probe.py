@@ -184,13 +184,23 @@ def fit(xs, ys):
 MASK64 = (1 << 64) - 1
 
 
+def records(b):
+    """The dump's CTAs in record (dispatch) order: (sm, blocks, start, end,
+    listed, first rows, ~earliest loop end, latest loop end), clocks of the
+    CTA's SM."""
+    slots, nh = struct.unpack("2I", b[:8])
+    out = []
+    for i in range(slots * nh):
+        _, c0, c1, m, cl, cf, cmn, cmx = struct.unpack("8Q", b[16 + 64 * i:80 + 64 * i])
+        out.append((m & 0xFFFF, (m >> 16) & 0xFFFF, c0, c1, cl, cf, cmn, cmx))
+    return out
+
+
 def summary(b):
     """The figures `report` prints, from a dump's bytes: a dict."""
     slots, nh, maxc, flags = struct.unpack("4I", b[:16])
     per_sm, rows, phases = {}, [], []
-    for i in range(slots * nh):
-        gt, c0, c1, m, cl, cf, cmn, cmx = struct.unpack("8Q", b[16 + 64 * i:80 + 64 * i])
-        sm, cnt = m & 0xFFFF, (m >> 16) & 0xFFFF
+    for sm, cnt, c0, c1, cl, cf, cmn, cmx in records(b):
         rows.append((cnt, c1 - c0 if c1 >= c0 else 0))
         per_sm.setdefault(sm, []).append((c0, c1))
         if cnt and cl and cf and cmn and cmx:  # a staged CTA with every stamp
@@ -229,17 +239,6 @@ def summary(b):
     return r
 
 
-def records(b):
-    """The dump's CTAs in record (dispatch) order: (sm, blocks, start, end,
-    first rows, latest loop end), clocks of the CTA's SM."""
-    slots, nh = struct.unpack("2I", b[:8])
-    out = []
-    for i in range(slots * nh):
-        _, c0, c1, m, _, cf, _, cmx = struct.unpack("8Q", b[16 + 64 * i:80 + 64 * i])
-        out.append((m & 0xFFFF, (m >> 16) & 0xFFFF, c0, c1, cf, cmx))
-    return out
-
-
 def profile(b, nb=20):
     """Mean CTAs resident, and mean CTAs in their loop (first rows to the
     latest warp's loop end), per SM over nb equal parts of the longest SM
@@ -252,7 +251,7 @@ def profile(b, nb=20):
     acc = [[0.0, 0.0] for _ in range(nb)]
     for v in per.values():
         o = min(r[2] for r in v)
-        for sm, cnt, c0, c1, cf, cmx in v:
+        for sm, cnt, c0, c1, _, cf, _, cmx in v:
             ivs = [(0, c0, c1)]
             if cnt and cf and cmx > cf:
                 ivs.append((1, cf, cmx))
@@ -299,7 +298,8 @@ def replay(b, slots=None):
 
 
 def report(fn):
-    r = summary(open(fn, "rb").read())
+    b = open(fn, "rb").read()
+    r = summary(b)
     print(f"{fn}: {r['slots']} slots x {r['heads']} heads (max_chunks {r['max_chunks']}, "
           f"flags {r['flags']:#x}), {r['sms']} SMs")
     print(f"  SM busy span, cycles: avg {r['span_avg']:.0f} max {r['span_max']} "
@@ -319,7 +319,6 @@ def report(fn):
               f"warps' spread {r['t_spread']:.0f}), tail +{r['t_tail']:.0f}")
     if "loop_fixed" in r:
         print(f"  loop cycles = {r['loop_fixed']:.0f} + {r['loop_per_block']:.0f} * blocks")
-    b = open(fn, "rb").read()
     p = profile(b)
     print("  CTAs an SM, resident / in their loop, by twentieths of the longest span: " +
           " ".join(f"{x:.1f}/{y:.1f}" for x, y in p))
