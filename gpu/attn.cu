@@ -321,14 +321,17 @@ int gpu_device_ok(void)
 /* The slot (context *@hi, slot *@x) an attention CTA works on where the
  * select ordered them (ws_layout.lpt, lpt_order): the CTA of dispatch
  * rank b takes rank b / heads of context b % heads's order, so that every
- * context's heaviest slots go first and the contexts interleave.  Read
- * after pdl_begin (the select wrote it). */
-__device__ __forceinline__ void lpt_slot(const char *ws, const struct ws_layout &L, uint32_t *hi,
+ * context's heaviest slots go first and the contexts interleave.  True
+ * where the slot has no work (GPU_ORDER_IDLE): the CTA then only marks its
+ * partial empty.  Read after pdl_begin (the select wrote it). */
+__device__ __forceinline__ bool lpt_slot(const char *ws, const struct ws_layout &L, uint32_t *hi,
 					 uint32_t *x)
 {
 	const uint32_t b = blockIdx.y * gridDim.x + blockIdx.x, h = b % gridDim.y;
+	const uint32_t v = __ldcg(WSP(const uint32_t, L, order, ws, h) + b / gridDim.y);
 	*hi = h;
-	*x = __ldcg(WSP(const uint32_t, L, order, ws, h) + b / gridDim.y);
+	*x = v & ~GPU_ORDER_IDLE;
+	return (v & GPU_ORDER_IDLE) != 0u;
 }
 
 /* Orderable key of a float score; -0 and +0 compare equal as on the CPU. */
@@ -1908,20 +1911,32 @@ __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
  *
  * A window's work is its granules' counts from the count pass (blocks at
  * or above the cut's bin: what window_take takes, but for the bin's few
- * candidates), a granule counted in the window of its first block; its
- * parts split it as window_take does; a chunk of the update buffer counts
- * its blocks, a tile of the dense window its tokens / 16.  Only the CTAs'
- * order depends on it, never what a CTA computes.  All SEL_T threads of
- * the context's last count CTA; sm.h, sm.ckey and sm.ciw are free by then.
+ * candidates), a granule counted in every window it meets, so that the
+ * count is at least what window_take will take; its parts split it as
+ * window_take does; a chunk of the update buffer counts its blocks, a
+ * tile of the dense window its tokens / 16.  All SEL_T threads of the
+ * context's last count CTA; sm.h, sm.ckey and sm.ciw are free by then.
+ *
+ * A slot of no work is written as slot | GPU_ORDER_IDLE: its CTA marks its
+ * partial empty and returns after reading its entry, where it waited on
+ * two more round trips and two barriers (the window's entry, its scores:
+ * an empty CTA took 2,828 cycles, H200, 1M tokens, bench/cta_probe.py;
+ * half the slots at 1M are empty, and the order runs them last, where
+ * the SMs drain).  Exact for the dense window's tiles, the buffer's
+ * chunks and windows past the table's count.  For a window's parts it
+ * holds only where @bound (the cut lies in the count pass's bin: not after
+ * select_slow, whose cut was found apart from that bin), and those parts
+ * then count in their segment's note here, as packed_cta_work would have
+ * counted them (k_segrot reads the notes after the attention kernel).
  */
 static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
 					       const struct ws_layout &L, uint32_t h,
-					       struct sel_smem &sm)
+					       struct sel_smem &sm, bool bound)
 {
 	const uint32_t tid = threadIdx.x, cw = 1u << src.cwl, np1 = 1u << L.pl, ns = L.slots;
 	uint32_t *order = WSP(uint32_t, L, order, ws, h);
 	static_assert(SEL_CAP >= 1u << 9 && HIST_HI > 1u << 9, "lpt_order's scratch");
-	if (ns > SEL_CAP || cw > 1u << 9) { /* no room: slot order */
+	if (ns > SEL_CAP || cw > 1u << 9 || L.max_segs >= 1u << 22) { /* no room: slot order */
 		for (uint32_t x = tid; x < ns; x += SEL_T)
 			order[x] = x;
 		return;
@@ -1944,38 +1959,51 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 	for (uint32_t k = tid; k <= cw; k += SEL_T)
 		bins[k] = 0;
 	for (uint32_t wx = tid; wx < mw; wx += SEL_T) {
-		uint32_t a0, a1;
-		if (src.segs) {
+		uint32_t a0, a1, si = 0;
+		if (src.segs) { /* the segment's index in e.x (< 2^22: above) */
 			const uint4 e = __ldcg((const uint4 *)wd + wx);
 			a0 = e.y;
 			a1 = e.z;
+			si = e.x;
 		} else {
 			a0 = wx << src.cwl;
 			a1 = min(src.nb, a0 + cw);
 		}
 		if (wx >= nw)
 			a1 = a0;
-		/* the granules whose first block is in [a0, a1): at most
-		 * cw / 32 + 1 of them */
+		/* the window's segment beside its count (<= 512), stored before
+		 * the granules' loads: one register fewer across them */
+		wn[wx] = si << 10;
+		/* the granules [a0, a1) meets: the one it starts inside (if
+		 * any: a window's start need not be a multiple of 32), then
+		 * those starting in it, at most cw / 32 + 1 */
 		const uint32_t g0 = (a0 + 31) >> 5, g1 = a1 > a0 ? (a1 + 31) >> 5 : g0;
-		uint32_t n = 0;
+		uint32_t n = a1 > a0 && (a0 & 31u) ? __ldcg(g32 + (a0 >> 5)) : 0u;
 #pragma unroll
 		for (uint32_t k = 0; k < (1u << 9) / 32 + 1; k++)
 			if (g0 + k < g1)
 				n += __ldcg(g32 + g0 + k);
-		wn[wx] = min(n, a1 - a0);
+		wn[wx] |= min(n, a1 - a0);
 	}
 	nw = min(nw, mw);
 	__syncthreads();
 	const uint32_t nbb = (bn + bb - 1) / bb;
 	for (uint32_t x = tid; x < ns; x += SEL_T) {
 		uint32_t k = 0;
+		bool exact = true; /* k == 0 means no work */
 		if (x < L.max_chunks) {
 			const uint32_t wx = x >> L.pl, part = x & (np1 - 1u);
 			if (wx < nw) {
-				const uint32_t n = wn[wx];
+				const uint32_t n = wn[wx] & 1023u;
 				const uint32_t np = min(np1, (n + L.pb - 1) / L.pb);
 				k = part < np ? (part + 1) * n / np - part * n / np : 0u;
+				exact = bound;
+				if (bound && k == 0 && src.segs) {
+					/* as packed_cta_work counts an empty part */
+					uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, wn[wx] >> 10);
+					atomicAdd(&note[0], 1u);
+					atomicMax(&note[1], ~x);
+				}
 			}
 		} else if (x < L.max_chunks + L.buf_chunks) {
 			const uint32_t b0 = (x - L.max_chunks) << src.cwl;
@@ -1985,7 +2013,7 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 			k = t0 < src.win_n ? (min(src.win_n - t0, (uint32_t)WIN_TILE) + 15) / 16 : 0u;
 		}
 		k = min(k, cw);
-		key[x] = k;
+		key[x] = k | (k == 0 && exact ? GPU_ORDER_IDLE : 0u);
 		atomicAdd(&bins[cw - k], 1u);
 	}
 	__syncthreads();
@@ -2002,8 +2030,10 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 		}
 	}
 	__syncthreads();
-	for (uint32_t x = tid; x < ns; x += SEL_T)
-		order[atomicAdd(&bins[cw - key[x]], 1u)] = x;
+	for (uint32_t x = tid; x < ns; x += SEL_T) {
+		const uint32_t k = key[x];
+		order[atomicAdd(&bins[cw - (k & ~GPU_ORDER_IDLE)], 1u)] = x | (k & GPU_ORDER_IDLE);
+	}
 }
 
 __device__ void msel_count(const struct sel_src src, double frac, char *ws,
@@ -2047,7 +2077,7 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 		}
 		if (L.lpt) {
 			__syncthreads(); /* select_slow's shared arrays are done */
-			lpt_order(src, ws, L, h, sm);
+			lpt_order(src, ws, L, h, sm, false);
 		}
 		return;
 	}
@@ -2084,7 +2114,7 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	}
 	if (L.lpt) {
 		__syncthreads(); /* warp 0 has read sm.wcnt; sel_exact is done */
-		lpt_order(src, ws, L, h, sm);
+		lpt_order(src, ws, L, h, sm, true);
 	}
 }
 
@@ -2994,12 +3024,15 @@ __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *head
 	extern __shared__ __align__(16) unsigned char smraw[];
 	pk_smem &sm = *(pk_smem *)smraw;
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
-	if (L.lpt)
-		lpt_slot(ws, L, &hi, &x);
+	const bool idle = L.lpt && lpt_slot(ws, L, &hi, &x);
 	const struct gpu_head *H = &heads[hi];
 	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
 	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
+	if (idle) {
+		mark_empty(pml, NQ);
+		return;
+	}
 	const float *qh = q + (size_t)hi * NQ * D;
 	constexpr int P = NQP(NQ);
 	int w = threadIdx.x >> 5;
@@ -4611,12 +4644,15 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
-	if (L.lpt)
-		lpt_slot(ws, L, &hi, &x);
+	const bool idle = L.lpt && lpt_slot(ws, L, &hi, &x);
 	const struct gpu_head *H = &heads[hi];
 	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
 	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
+	if (idle) {
+		mark_empty(pml, NQ);
+		return;
+	}
 	const float *qh = q + (size_t)hi * NQ * D;
 	constexpr int P = NQP(NQ);
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
@@ -5053,11 +5089,14 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 	pdl_begin();
 	__shared__ __align__(16) float sm[4 * NQ * (D + 2)];
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
-	if (L.lpt)
-		lpt_slot(ws, L, &hi, &x);
+	const bool idle = L.lpt && lpt_slot(ws, L, &hi, &x);
 	const struct gpu_dense_head *H = &heads[hi];
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
 	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
+	if (idle) {
+		mark_empty(pml, NQ);
+		return;
+	}
 	const float *qh = q + (size_t)hi * NQ * D;
 	int w = threadIdx.x >> 5;
 	if (x >= L.max_chunks) {

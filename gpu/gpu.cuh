@@ -294,7 +294,9 @@ GPU_HIDDEN uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head);
 /* After a step that ordered its attention CTAs (GPU_ATTN_SLOT_ORDER
  * unset, the many-CTA select leaving the cut): the order, *@slots words
  * for context @head, the slot index of each rank (@quest: Quest's step's
- * layout).  Device pointer. */
+ * layout), | GPU_ORDER_IDLE where the select found the slot without work.
+ * Device pointer. */
+#define GPU_ORDER_IDLE 0x80000000u
 GPU_HIDDEN uint32_t *gpu_ws_order(const struct gpu_attn_args *a, uint32_t head, int quest,
 				  uint32_t *slots);
 /* After a step or gpu_score_select: segment @si's rotated query (floats,

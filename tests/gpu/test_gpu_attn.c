@@ -602,6 +602,24 @@ Test(gpu, quiet_segment_chunk64)
 	check_quiet(3, 256, 256, 512, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64);
 }
 
+/* The same with the CTAs ordered by work (the many-CTA select): the
+ * quiet window's parts are idle slots (GPU_ORDER_IDLE), counted in their
+ * segment's note by the select instead of by their CTAs */
+Test(gpu, quiet_window_ordered)
+{
+	check_quiet(1, 2048, 256, 512, GPU_ATTN_CHUNK_256 | GPU_ATTN_SELECT_MANY_CTAS);
+}
+Test(gpu, quiet_window_parts4_ordered)
+{
+	check_quiet(1, 2048, 256, 512,
+		    GPU_ATTN_CHUNK_512 | GPU_ATTN_PARTS_4 | GPU_ATTN_SELECT_MANY_CTAS);
+}
+Test(gpu, quiet_segment_ordered)
+{
+	check_quiet(3, 256, 256, 512,
+		    GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64 | GPU_ATTN_SELECT_MANY_CTAS);
+}
+
 Test(gpu, quiet_window_positions)
 {
 	g_pos = ~0u;
@@ -916,8 +934,10 @@ static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
  * and each context's order is a permutation of its slots by non-increasing
  * work as counted here from the step's scores and cut: per 32-block
  * granule the blocks at or above the cut's 16-bit bin (the sink always),
- * a granule in the window of its first block, a window's two parts split
- * as window_take splits, the dense window's tile at its tokens / 16.
+ * a granule in every window it meets, a window's two parts split as
+ * window_take splits, the dense window's tile at its tokens / 16.  A slot
+ * is marked idle (GPU_ORDER_IDLE) iff that work is 0, and an idle slot's
+ * part of its window takes no block by the cut's own rule (sel_take).
  */
 Test(gpu, packed_lpt_order, .timeout = 120)
 {
@@ -940,22 +960,34 @@ Test(gpu, packed_lpt_order, .timeout = 120)
 		GU_CK(cudaMemcpy(ord, dord, 4 * ns, cudaMemcpyDeviceToHost));
 		GU_CK(cudaMemcpy(cut, gpu_ws_cut(&r.a, h), 8, cudaMemcpyDeviceToHost));
 		GU_CK(cudaMemcpy(sc, gpu_ws_scores(&r.a, h), 4 * (size_t)nb, cudaMemcpyDeviceToHost));
+		uint8_t *idle = calloc(ns, 1);
+		uint32_t *taken = calloc(ns, 4);
 		for (uint32_t i = 0; i < ns; i++) {
-			cr_assert(ord[i] < ns && !seen[ord[i]],
+			uint32_t x = ord[i] & ~GPU_ORDER_IDLE;
+			cr_assert(x < ns && !seen[x],
 				  "seed %llu head %u: rank %u holds slot %u (of %u) twice or out of range",
-				  (unsigned long long)seed, h, i, ord[i], ns);
-			seen[ord[i]] = 1;
+				  (unsigned long long)seed, h, i, x, ns);
+			seen[x] = 1;
+			idle[x] = (ord[i] & GPU_ORDER_IDLE) != 0;
+			ord[i] = x;
 		}
 		/* the windows: 256 blocks, aligned in each segment, in order */
 		uint32_t nw = 0;
 		for (uint32_t s = 0; s < nseg; s++) {
 			uint32_t b0 = c[h].segs[s].block0, sn = c[h].segs[s].n_blocks;
 			for (uint32_t a0 = b0; a0 < b0 + sn; a0 += 256) {
-				uint32_t a1 = a0 + 256 < b0 + sn ? a0 + 256 : b0 + sn, m = 0;
-				for (uint32_t g = (a0 + 31) / 32; g < (a1 + 31) / 32; g++)
+				uint32_t a1 = a0 + 256 < b0 + sn ? a0 + 256 : b0 + sn, m = 0, t = 0;
+				for (uint32_t g = a0 / 32; g < (a1 + 31) / 32; g++)
 					for (uint32_t i = 32 * g; i < 32 * g + 32 && i < nb; i++)
 						m += i == 0 || host_fkey(sc[i]) >> 16 >= cut[0] >> 16;
+				for (uint32_t i = a0; i < a1; i++) {
+					uint32_t k = host_fkey(sc[i]);
+					t += i == 0 || k > cut[0] || (k == cut[0] && cut[1] && i <= cut[1]);
+				}
 				cr_assert(nw < ns);
+				cr_assert(t <= m, "seed %llu head %u: window at %u takes %u blocks, counted %u",
+					  (unsigned long long)seed, h, a0, t, m);
+				taken[nw] = t;
 				wn[nw++] = m < a1 - a0 ? m : a1 - a0;
 			}
 		}
@@ -966,8 +998,21 @@ Test(gpu, packed_lpt_order, .timeout = 120)
 				continue;
 			uint32_t m = wn[wx], np = (m + 31) / 32 < 2 ? (m + 31) / 32 : 2;
 			key[x] = part < np ? (part + 1) * m / np - part * m / np : 0;
+			uint32_t t = taken[wx], npt = (t + 31) / 32 < 2 ? (t + 31) / 32 : 2;
+			cr_assert(!idle[x] || part >= npt,
+				  "seed %llu head %u: slot %u marked idle, its part takes blocks",
+				  (unsigned long long)seed, h, x);
 		}
 		key[ns - 1] = (c[h].win_n + 15) / 16;
+		uint32_t nidle = 0;
+		for (uint32_t x = 0; x < ns; x++) {
+			cr_assert(idle[x] == (key[x] == 0),
+				  "seed %llu head %u: slot %u work %u, idle mark %d",
+				  (unsigned long long)seed, h, x, key[x], idle[x]);
+			nidle += idle[x];
+		}
+		cr_assert(nidle > 0, "seed %llu head %u: no idle slot to check",
+			  (unsigned long long)seed, h);
 		bool sorted_by_slot = true;
 		for (uint32_t x = 0; x + 1 < ns; x++)
 			sorted_by_slot &= key[x] >= key[x + 1];
@@ -983,6 +1028,8 @@ Test(gpu, packed_lpt_order, .timeout = 120)
 		free(key);
 		free(wn);
 		free(seen);
+		free(idle);
+		free(taken);
 		free(sc);
 	}
 	run_free(&r);
