@@ -5625,6 +5625,10 @@ static int args_ok(const struct gpu_attn_args *a)
 		return 0;
 	if (!(a->token_frac > 0.0 && a->token_frac <= 1.0) || !(a->scale >= 0.0f))
 		return 0;
+	/* chunk keys hold the segment in 24 bits (chunk_key): more segments
+	 * would merge two segments' chunks */
+	if (a->max_segs >= 1u << 24)
+		return 0;
 	return a->ws_bytes >= gpu_attn_ws_bytes(a);
 }
 

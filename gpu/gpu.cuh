@@ -141,7 +141,7 @@ struct gpu_attn_args {
 	uint32_t n_heads, nq, d;
 	float scale;        /* 0: 1/sqrt(d) */
 	double token_frac;  /* (0, 1] */
-	uint32_t max_segs;  /* >= every head's nseg */
+	uint32_t max_segs;  /* >= every head's nseg; below 2^24 (-EINVAL) */
 	uint32_t max_blocks;/* >= every head's n_blocks (history) */
 	uint32_t max_buf_blocks; /* >= every head's buf_cap_blocks */
 	uint32_t max_win;   /* >= every head's win_n */

@@ -754,7 +754,8 @@ Test(gpu, packed_small_r16_b16)
 }
 Test(gpu, packed_staged_r16_b32) { check_packed_rq(64, 2, 1, 1, 32, 0.2, 3, 16, 0); }
 
-/* gpu_score_select_upto refuses a stage outside 1..3 and bad arguments
+/* gpu_score_select_upto refuses a stage outside 1..3 and bad arguments (and
+ * gpu_attend_packed too many segments)
  * before it touches CUDA (host only: runs without a GPU). */
 Test(gpu, score_select_upto_rejects)
 {
@@ -778,6 +779,11 @@ Test(gpu, score_select_upto_rejects)
 	a.ws_bytes -= 1;
 	cr_assert_eq(gpu_score_select_upto(&a, heads, 2, 0), -EINVAL);
 	cr_assert_eq(gpu_score_select_upto(NULL, heads, 2, 0), -EINVAL);
+	/* more segments than a chunk key holds, with room for them */
+	a.max_segs = 1u << 24;
+	a.ws_bytes = gpu_attn_ws_bytes(&a);
+	cr_assert_eq(gpu_score_select_upto(&a, heads, 2, 0), -EINVAL);
+	cr_assert_eq(gpu_attend_packed(&a, heads, 0), -EINVAL);
 }
 
 /* The scratch size does not depend on the chunk width (gpu.cuh): the same
