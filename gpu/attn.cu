@@ -86,9 +86,9 @@ struct ws_layout {
 			    * no list (set by the launch, not by ws_plan) */
 	uint32_t pl;       /* slots a window, log2 (parts_lg; 0 but where the
 			    * select leaves the cut: packed and Quest) */
-	uint32_t lpt;      /* the count pass writes g32 and the select the
-			    * attention CTAs' order (lpt_order; set by the
-			    * launch) */
+	uint32_t lpt;      /* nonzero: the count pass writes g32 and the
+			    * select the attention CTAs' order (lpt_order;
+			    * set by the launch); bit 1: with idle marks */
 	uint32_t pb;       /* a window's part holds at least this many
 			    * selected blocks where it has more than one
 			    * (PART_BLOCKS, or 64 with GPU_ATTN_PART_64) */
@@ -1928,6 +1928,7 @@ __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
  * select_slow, whose cut was found apart from that bin), and those parts
  * then count in their segment's note here, as packed_cta_work would have
  * counted them (k_segrot reads the notes after the attention kernel).
+ * GPU_ATTN_NO_IDLE (L.lpt without bit 1) writes no marks.
  */
 static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
 					       const struct ws_layout &L, uint32_t h,
@@ -2013,7 +2014,7 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 			k = t0 < src.win_n ? (min(src.win_n - t0, (uint32_t)WIN_TILE) + 15) / 16 : 0u;
 		}
 		k = min(k, cw);
-		key[x] = k | (k == 0 && exact ? GPU_ORDER_IDLE : 0u);
+		key[x] = k | (k == 0 && exact && (L.lpt & 2u) ? GPU_ORDER_IDLE : 0u);
 		atomicAdd(&bins[cw - k], 1u);
 	}
 	__syncthreads();
@@ -2114,7 +2115,7 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	}
 	if (L.lpt) {
 		__syncthreads(); /* warp 0 has read sm.wcnt; sel_exact is done */
-		lpt_order(src, ws, L, h, sm, true);
+		lpt_order(src, ws, L, h, sm, (L.lpt & 2u) != 0u);
 	}
 }
 
@@ -5696,7 +5697,9 @@ static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L,
 {
 	if (!L.cut_only || !many || (a->flags & GPU_ATTN_SLOT_ORDER))
 		return 0;
-	return !quest || (a->flags & GPU_ATTN_WORK_ORDER);
+	if (quest && !(a->flags & GPU_ATTN_WORK_ORDER))
+		return 0;
+	return a->flags & GPU_ATTN_NO_IDLE ? 1u : 3u; /* bit 1: idle marks */
 }
 
 template <int NQ>

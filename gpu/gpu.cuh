@@ -227,6 +227,9 @@ struct gpu_attn_args {
  * fewer fixed costs (a model of the H200's 1M-token windows: 5 % off the
  * attention kernel; gpu/NOTES.md, thirty-second session; to measure). */
 #define GPU_ATTN_PART_64 524288u
+/* The select writes no idle marks (GPU_ORDER_IDLE) into the order: every
+ * attention CTA finds its own work, as before the marks (to measure them). */
+#define GPU_ATTN_NO_IDLE 1048576u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

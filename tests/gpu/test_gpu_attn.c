@@ -955,6 +955,8 @@ Test(gpu, packed_lpt_order, .timeout = 120)
 	struct gu_ctx c[MAXH];
 	struct run r;
 	long_run(c, &r, seed, 0.1, fl);
+	same_bits(&r, seed, fl | GPU_ATTN_NO_IDLE, fl | GPU_ATTN_SLOT_ORDER,
+		  "ordered CTAs without idle marks and slot-order CTAs");
 	/* the ordered run last: its scratch is read below */
 	same_bits(&r, seed, fl | GPU_ATTN_SLOT_ORDER, fl, "ordered and slot-order CTAs");
 	for (uint32_t h = 0; h < H; h++) {
