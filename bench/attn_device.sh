@@ -23,6 +23,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== bench"
   timeout 200 $B/bench/attn --sdpa "$OUT/sdpa.txt" ${ATTN_ARGS:-} > "$OUT/bench.log" 2>&1
   cat "$OUT/bench.log"
+  echo "== the ordered path's variants side by side (bench/attn_ab.py)"
+  python3 bench/attn_ab.py "$OUT/bench.log" | tee "$OUT/ab.txt"
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
   echo "== compute-sanitizer"
