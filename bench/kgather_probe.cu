@@ -10,9 +10,10 @@
  * positions a byte each), 16-token sub-blocks a warp, staged in shared
  * memory the same way:
  *   expand  lanes 0-15 expand K row t, lanes 16-31 V row t, into
- *           [token][channel] bf16 tiles (groups of 8 channels: a bit test,
- *           a predicated 16-bit load and a pointer step a channel, one
- *           16-byte store a group: attn.cu's expand_direct), then read both
+ *           [token][channel] bf16 tiles by the attention kernel's own
+ *           expand_direct (gpu/expand.cuh: groups of 8 channels, a bit
+ *           test, a predicated 16-bit load and a pointer step a channel,
+ *           one 16-byte store a group), then read both
  *           tiles back by ldmatrix.x4 as the products would (the products
  *           themselves left out: this side is the cheaper one)
  *   gather  two lanes a K row, each over 16 of its values: the byte
@@ -33,7 +34,7 @@
  * the attention kernel's small layout runs 5): the probe compares the
  * work a sub-block, not what the table would cost in CTAs.
  * Built by meson as build/bench/kgather_probe (CUDA builds), or alone:
- * nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90
+ * nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Igpu
  * bench/kgather_probe.cu -o kgather_probe; run `kgather_probe [blocks]`.
  * Written without a GPU (thirty-third session): every CUDA call checked,
  * and both checks run before any time is printed.
@@ -47,6 +48,7 @@
 #include <algorithm>
 #include <vector>
 #include <cuda_runtime.h>
+#include "expand.cuh" /* gpu/: the expansion attn.cu runs */
 
 #define CK(x)                                                                     \
 	do {                                                                      \
@@ -80,14 +82,6 @@ struct cta_smem {
 	struct warp_smem w[WARPS];
 };
 
-__device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z,
-				       uint32_t w)
-{
-	asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(x), "r"(y), "r"(z),
-		     "r"(w)
-		     : "memory");
-}
-
 /* The warp's copy of sub-block @s into its stage (both kernels alike; @kpos:
  * the positions too). */
 __device__ __forceinline__ void stage(const struct sub *s, struct sub &st, bool kpos, int lane)
@@ -108,25 +102,11 @@ __device__ __forceinline__ void stage(const struct sub *s, struct sub &st, bool 
 	__syncwarp();
 }
 
-/* One channel: its value (shared @p, the pointer stepped past it) if bit
- * @bit of @wd is set, else 0; predicated as attn.cu's take_bit. */
-__device__ __forceinline__ uint32_t take(uint32_t wd, uint32_t bit, uint32_t &p)
-{
-	uint32_t v;
-	asm("{\n\t.reg .pred q;\n\t.reg .b32 t;\n\t"
-	    "and.b32 t, %2, %3;\n\t"
-	    "setp.ne.u32 q, t, 0;\n\t"
-	    "mov.u32 %0, 0;\n\t"
-	    "@q ld.shared.u16 %0, [%1];\n\t"
-	    "@q add.u32 %1, %1, 2;\n\t}"
-	    : "=r"(v), "+r"(p)
-	    : "r"(wd), "r"(bit));
-	return v;
-}
-
 /* Group @gi (channels 8 gi .. 8 gi + 7) of a row (bitmap words @b, their
  * start indices @base; values at shared @src in rank order) to tile row
- * @dst: attn.cu's expand_group.  @gi may be a run-time value. */
+ * @dst: expand_group (gpu/expand.cuh) for a run-time @gi, whose word and
+ * start are picked by selects (expand_group indexes its arrays by @gi,
+ * which at run time would put them in local memory). */
 __device__ __forceinline__ void group(uint32_t src, uint32_t dst, const uint32_t (&b)[3],
 				      const uint32_t (&base)[3], int gi)
 {
@@ -137,15 +117,15 @@ __device__ __forceinline__ void group(uint32_t src, uint32_t dst, const uint32_t
 	uint32_t v[8];
 #pragma unroll
 	for (int e = 0; e < 8; e++)
-		v[e] = take(wd, 1u << (sh + e), p);
+		v[e] = take_bit(wd, 1u << (sh + e), p);
 	sts128(dst + 16 * gi, __byte_perm(v[0], v[1], 0x5410), __byte_perm(v[2], v[3], 0x5410),
 	       __byte_perm(v[4], v[5], 0x5410), __byte_perm(v[6], v[7], 0x5410));
 }
 
 /* Groups g0 .. g0 + NG - 1 of a row (bitmap @bm) from shared @src into
- * tile row @dst. */
+ * tile row @dst (the gather's V half rows). */
 template <int NG>
-__device__ __forceinline__ void expand(const uint4 bm, uint32_t src, uint32_t dst, int g0)
+__device__ __forceinline__ void expand_rt(const uint4 bm, uint32_t src, uint32_t dst, int g0)
 {
 	const uint32_t b[3] = {bm.x, bm.y, bm.z};
 	const uint32_t base[3] = {0u, (uint32_t)__popc(b[0]), (uint32_t)(__popc(b[0]) + __popc(b[1]))};
@@ -192,8 +172,11 @@ __global__ void __launch_bounds__(32 * WARPS, CTAS)
 		stage(subs + i, W.st, false, lane);
 		const uint4 bm = kv ? W.st.vbm[t] : W.st.kbm[t];
 		const uint16_t *row = (const uint16_t *)(kv ? W.st.vrow : W.st.krow) + t * R;
-		expand<DK / 8>(bm, (uint32_t)__cvta_generic_to_shared(row),
-			       (uint32_t)__cvta_generic_to_shared((kv ? W.vt : W.kt) + t * LD), 0);
+		const uint32_t b4[4] = {bm.x, bm.y, bm.z, bm.w};
+		/* the attention kernel's own expansion (bits past d_keep clear) */
+		expand_direct<DK / 8, true>((uint32_t)__cvta_generic_to_shared(row),
+					    (uint32_t)__cvta_generic_to_shared((kv ? W.vt : W.kt) + t * LD),
+					    b4, DK);
 		__syncwarp();
 		x = readback(W.kt, lane, x);
 		x = readback(W.vt, lane, x);
@@ -250,8 +233,8 @@ __global__ void __launch_bounds__(32 * WARPS, CTAS)
 		const uint16_t *row = (const uint16_t *)W.st.vrow + t * R;
 		/* the same code in both halves (a branch on half would run the
 		 * two one after the other) */
-		expand<DK / 16>(W.st.vbm[t], (uint32_t)__cvta_generic_to_shared(row), trow,
-				(DK / 16) * half);
+		expand_rt<DK / 16>(W.st.vbm[t], (uint32_t)__cvta_generic_to_shared(row), trow,
+				   (DK / 16) * half);
 		__syncwarp();
 		x = readback(W.vt, lane, x);
 		__syncwarp();
