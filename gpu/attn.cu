@@ -1990,17 +1990,18 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 	nw = min(nw, mw);
 	__syncthreads();
 	const uint32_t nbb = (bn + bb - 1) / bb;
+	const bool marks = (L.lpt & 2u) != 0u;
 	for (uint32_t x = tid; x < ns; x += SEL_T) {
 		uint32_t k = 0;
-		bool exact = true; /* k == 0 means no work */
+		bool mark = marks; /* k == 0 is then no work */
 		if (x < L.max_chunks) {
 			const uint32_t wx = x >> L.pl, part = x & (np1 - 1u);
 			if (wx < nw) {
 				const uint32_t n = wn[wx] & 1023u;
 				const uint32_t np = min(np1, (n + L.pb - 1) / L.pb);
 				k = part < np ? (part + 1) * n / np - part * n / np : 0u;
-				exact = bound;
-				if (bound && k == 0 && src.segs) {
+				mark = marks && bound;
+				if (mark && k == 0 && src.segs) {
 					/* as packed_cta_work counts an empty part */
 					uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, wn[wx] >> 10);
 					atomicAdd(&note[0], 1u);
@@ -2015,7 +2016,7 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 			k = t0 < src.win_n ? (min(src.win_n - t0, (uint32_t)WIN_TILE) + 15) / 16 : 0u;
 		}
 		k = min(k, cw);
-		key[x] = k | (k == 0 && exact && (L.lpt & 2u) ? GPU_ORDER_IDLE : 0u);
+		key[x] = k | (k == 0 && mark ? GPU_ORDER_IDLE : 0u);
 		atomicAdd(&bins[cw - k], 1u);
 	}
 	__syncthreads();
@@ -2116,7 +2117,7 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	}
 	if (L.lpt) {
 		__syncthreads(); /* warp 0 has read sm.wcnt; sel_exact is done */
-		lpt_order(src, ws, L, h, sm, (L.lpt & 2u) != 0u);
+		lpt_order(src, ws, L, h, sm, true);
 	}
 }
 
