@@ -210,6 +210,22 @@ static int f_packed_so(const struct gpu_attn_args *a, const void *h, cudaStream_
 {
 	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SLOT_ORDER);
 }
+/* block scores as two sums of fused products (GPU_ATTN_SCORE_FMA): the
+ * step, our score stage and Quest's */
+static int f_packed_fma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_FMA);
+}
+static int f_packed_ss_fma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return ss_with(a, h, s, GPU_ATTN_SCORE_FMA);
+}
+static int f_quest_ss_fma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= GPU_ATTN_SCORE_FMA;
+	return gpu_quest_score_select(&b, h, s);
+}
 /* Quest with its CTAs ordered by work (GPU_ATTN_WORK_ORDER; by default
  * it keeps slot order, where it measured faster) */
 static int f_quest_wo(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
@@ -761,14 +777,15 @@ int main(int argc, char **argv)
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
 	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | "
 	       "%9s %9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s "
-	       "%9s\n",
+	       "%9s | %9s %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
 	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
 	       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl", "ours_pos", "pos_128",
 	       "pos_512", "ours_s8", "os_s8", "pos_s8", "x_sc_s8", "ps8_ma", "oscut", "qscut",
 	       "os8cut", "x_sccut", "x_s8cut", "ours_p1", "ours_p2", "ours_p4", "ps8_p1", "quest_p2",
-	       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni");
+	       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni", "ours_fma", "os_fma",
+	       "qs_fma");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
 	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
@@ -800,6 +817,7 @@ int main(int argc, char **argv)
 				RC(f_packed_ma(&a, dheads, st)); /* ps8_ma */
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				RC(f_packed_so(&a, dheads, st)); /* ours_so */
+				RC(f_packed_fma(&a, dheads, st)); /* ours_fma */
 				CK(cudaStreamSynchronize(st));
 				continue;
 			}
@@ -847,6 +865,14 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_pni = capture(f_packed_ni, &a, dheads);
 			double t_pni = time_graph(g_pni, 1);
 			cudaGraphExecDestroy(g_pni);
+			cudaGraphExec_t g_pfm = capture(f_packed_fma, &a, dheads);
+			cudaGraphExec_t g_psfm = capture(f_packed_ss_fma, &a, dheads);
+			cudaGraphExec_t g_qsfm = capture(f_quest_ss_fma, &a, ddense);
+			double t_pfm = time_graph(g_pfm, 1), t_psfm = time_graph(g_psfm, 1);
+			double t_qsfm = time_graph(g_qsfm, 1);
+			cudaGraphExecDestroy(g_pfm);
+			cudaGraphExecDestroy(g_psfm);
+			cudaGraphExecDestroy(g_qsfm);
 			cudaGraphExecDestroy(g_pso);
 			cudaGraphExecDestroy(g_qso);
 			cudaGraphExecDestroy(g_pp1);
@@ -934,13 +960,14 @@ int main(int argc, char **argv)
 			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | "
 			       "%9.1f %9.1f %9.1f %7.2f %9.1f | %9.1f %9.1f %9.1f %7.2f %7.2f | "
 			       "%9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f "
-			       "%9.1f\n",
+			       "%9.1f | %9.1f %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
 			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
 			       t_qsl, t_pp, t_pp128, t_pp512, t_p8, t_ps8, t_pp8, t_qs / t_ps8, t_pp8m,
 			       t_pcut, t_qcut, t_ps8c, t_qcut / t_pcut, t_qcut / t_ps8c, t_p1, t_p2, t_p4,
-			       t_pp81, t_qp2, t_pso, t_qso, t_pp8so, t_pb64, t_pp8b, t_pni);
+			       t_pp81, t_qp2, t_pso, t_qso, t_pp8so, t_pb64, t_pp8b, t_pni, t_pfm,
+			       t_psfm, t_qsfm);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -998,7 +1025,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three)\n", RQ);
 
 	if (once)
 		return 0;

@@ -705,6 +705,29 @@ __device__ __forceinline__ void load_pm(const float *q, uint32_t c, float (&qp)[
 	loadq<NQ, LDG>(q + qpm_row<NQ>(c) + NQP(NQ), qn);
 }
 
+/* One channel's terms of a block score into its sums (bound_score_pm):
+ * by default the CPU's order, the product with mx rounded, fused with
+ * q⁻·mn, then added to @ap (@an stays 0); FM (GPU_ATTN_SCORE_FMA) q⁺·mx
+ * into @ap and q⁻·mn into @an, each fused. */
+template <bool FM>
+__device__ __forceinline__ void score_terms(float &ap, float &an, float qp, float qn, float fa,
+					    float fb)
+{
+	if (FM) {
+		ap = __fmaf_rn(qp, fb, ap);
+		an = __fmaf_rn(qn, fa, an);
+	} else {
+		ap = __fadd_rn(ap, __fmaf_rn(qn, fa, __fmul_rn(qp, fb)));
+	}
+}
+
+/* The two sums into one (without FM @an is 0 and @ap the CPU's sum). */
+template <bool FM>
+__device__ __forceinline__ float score_sum(float ap, float an)
+{
+	return FM ? __fadd_rn(ap, an) : ap;
+}
+
 /* A 32-channel piece of a block's summaries (channels c32 .. c32 + 31 of
  * @mn and @mx, those below S), loaded at once. */
 struct sum32 {
@@ -722,9 +745,9 @@ __device__ __forceinline__ void sum32_load(struct sum32 &r, const uint16_t *mn, 
 		}
 }
 
-template <int NQ, bool LDG>
-__device__ __forceinline__ void sum32_acc(float (&acc)[NQ], const float *qpm, const struct sum32 &r,
-					  uint32_t c32, uint32_t S)
+template <int NQ, bool LDG, bool FM>
+__device__ __forceinline__ void sum32_acc(float (&ap)[NQ], float (&an)[NQ], const float *qpm,
+					  const struct sum32 &r, uint32_t c32, uint32_t S)
 {
 #pragma unroll
 	for (int u = 0; u < 4; u++) {
@@ -739,7 +762,7 @@ __device__ __forceinline__ void sum32_acc(float (&acc)[NQ], const float *qpm, co
 			load_pm<NQ, LDG>(qpm, c32 + 8 * u + e, qp, qn);
 #pragma unroll
 			for (int h = 0; h < NQ; h++)
-				acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa[e], __fmul_rn(qp[h], fb[e])));
+				score_terms<FM>(ap[h], an[h], qp[h], qn[h], fa[e], fb[e]);
 		}
 	}
 }
@@ -778,31 +801,39 @@ __device__ __forceinline__ bool sum_vec(const uint16_t *mn, const uint16_t *mx, 
  * q < 0 (mn ≤ mx), so q⁻·mn + q⁺·mx — one of them an exact zero — is that
  * product rounded once: the CPU's score (which takes the max of both
  * products) in three instructions per channel and head instead of four.
+ * FM (GPU_ATTN_SCORE_FMA, to measure): Σ q⁺·mx + Σ q⁻·mn as two sums of
+ * fused multiply-adds added at the end, two instructions a channel and
+ * head and two independent chains a head instead of one; the sums then
+ * differ from mkv_score_blocks by a few ulps of the terms, within the
+ * tests' 1e-5 of |score| + mean.
  * Vector loads where S is a multiple of 8 and @mn, @mx are 16-byte
  * aligned, else one by one.
  */
-template <int NQ, bool LDG = false>
+template <int NQ, bool LDG = false, bool FM = false>
 __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
 						const uint16_t *mx, uint32_t S,
 						const float *qperp = NULL, float rest = 0.0f)
 {
-	float acc[NQ];
+	float ap[NQ], an[NQ], acc[NQ];
 #pragma unroll
 	for (int h = 0; h < NQ; h++)
-		acc[h] = 0.0f;
+		ap[h] = an[h] = 0.0f;
 	const bool vec = sum_vec(mn, mx, S);
 	for (uint32_t c = 0; !vec && c < S; c++) {
 		float qp[NQ], qn[NQ], fa = bf1(mn[c]), fb = bf1(mx[c]);
 		load_pm<NQ, LDG>(qpm, c, qp, qn);
 #pragma unroll
 		for (int h = 0; h < NQ; h++)
-			acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa, __fmul_rn(qp[h], fb)));
+			score_terms<FM>(ap[h], an[h], qp[h], qn[h], fa, fb);
 	}
 	for (uint32_t c32 = 0; vec && c32 < S; c32 += 32) {
 		struct sum32 r; /* up to 8 loads in flight before the math */
 		sum32_load(r, mn, mx, c32, S);
-		sum32_acc<NQ, LDG>(acc, qpm, r, c32, S);
+		sum32_acc<NQ, LDG, FM>(ap, an, qpm, r, c32, S);
 	}
+#pragma unroll
+	for (int h = 0; h < NQ; h++)
+		acc[h] = score_sum<FM>(ap[h], an[h]);
 	return score_finish<NQ, LDG>(acc, qperp, rest);
 }
 
@@ -991,7 +1022,7 @@ __device__ __forceinline__ void score_issue(struct score_stage<P> &st, const str
 /* A block scored from global memory: a tile that is not staged (@here),
  * or a row past the tile's segment.  Returns the score and, in .y, the
  * block's tokens.  Out of line: the staged path's registers stay its own. */
-template <int NQ>
+template <int NQ, bool FM>
 static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 						   const struct score_tile &cur, const float *qr,
 						   const float *qpm, uint32_t gb, uint32_t row, bool here)
@@ -1032,8 +1063,8 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 						w, S, s8, qperp, rv);
 		return make_float2(sc, __uint_as_float(min(b, n - j * b)));
 	}
-	float sc = bound_score_pm<NQ, true>(qpm + (size_t)si * QPM_FLOATS(P), mn, mx, S, qperp,
-					    rv);
+	float sc = bound_score_pm<NQ, true, FM>(qpm + (size_t)si * QPM_FLOATS(P), mn, mx, S, qperp,
+						rv);
 	return make_float2(sc, __uint_as_float(min(b, n - j * b)));
 }
 
@@ -1048,7 +1079,7 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  * multiple of 8), are scored from global memory.  Same arithmetic as
  * bound_score_pm either way.
  */
-template <int NQ>
+template <int NQ, bool FM>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
 						   struct ws_layout L, uint32_t K)
 {
@@ -1131,10 +1162,10 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 			float rest = cur.rest ? bf1(rest_raw) : 0.0f;
 			const struct score_stage<P> &st = sm.st[i & 1];
 			uint32_t S = cur.S, pr = S / 8;
-			float acc[NQ];
+			float ap[NQ], an[NQ], acc[NQ];
 #pragma unroll
 			for (int h = 0; h < NQ; h++)
-				acc[h] = 0.0f;
+				ap[h] = an[h] = 0.0f;
 			/* a piece at a time (bound_score_pm's order): no arrays of
 			 * pieces held across the products */
 #pragma unroll
@@ -1150,14 +1181,17 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 					load_pm<NQ, false>(st.q, 8 * u + e, qp, qn);
 #pragma unroll
 					for (int h = 0; h < NQ; h++)
-						acc[h] = __fadd_rn(acc[h], __fmaf_rn(qn[h], fa[e],
-										     __fmul_rn(qp[h], fb[e])));
+						score_terms<FM>(ap[h], an[h], qp[h], qn[h], fa[e],
+								fb[e]);
 				}
 			}
+#pragma unroll
+			for (int h = 0; h < NQ; h++)
+				acc[h] = score_sum<FM>(ap[h], an[h]);
 			sc = score_finish<NQ, true>(acc, qperp, rest);
 			w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
 		} else if (valid) {
-			float2 r = score_global<NQ>(H, cur, qr, qpm, gb, row, here);
+			float2 r = score_global<NQ, FM>(H, cur, qr, qpm, gb, row, here);
 			sc = r.x;
 			w = __float_as_uint(r.y);
 		}
@@ -1170,17 +1204,19 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	hist_flush(sm.hi, hist);
 }
 
-/* Tiles per score CTA: one wave of CTAs over all contexts. */
-template <int NQ>
-static int score_grid(const struct gpu_attn_args *a, uint32_t *K, uint32_t *gx, size_t *smem)
+/* Tiles per score CTA (@kern, one of k_score's instances): one wave of
+ * CTAs over all contexts. */
+template <int NQ, class KF>
+static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint32_t *gx,
+		      size_t *smem)
 {
 	*smem = sizeof(struct score_smem<NQP(NQ)>);
-	GPU_CK(cudaFuncSetAttribute(k_score<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)*smem));
 	int dev = 0, nsm = 0, per = 0;
 	GPU_CK(cudaGetDevice(&dev));
 	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_score<NQ>, SCORE_T, *smem));
+	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, SCORE_T, *smem));
 	uint64_t slots = (uint64_t)(nsm > 0 ? nsm : 1) * (per > 0 ? per : 1);
 	uint64_t tph = (a->max_blocks + SCORE_T - 1) / SCORE_T;
 	uint64_t cph = slots / a->n_heads;
@@ -1195,7 +1231,7 @@ static int score_grid(const struct gpu_attn_args *a, uint32_t *K, uint32_t *gx, 
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
-template <int NQ>
+template <int NQ, bool FM>
 __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head *heads,
 						     const float *q, uint32_t d, uint32_t qb,
 						     char *ws, struct ws_layout L)
@@ -1218,7 +1254,8 @@ __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head
 	float sc = 0.0f;
 	uint32_t w = 0;
 	if (valid) {
-		sc = bound_score_pm<NQ>(qpm, H->q_min + (size_t)gb * d, H->q_max + (size_t)gb * d, d);
+		sc = bound_score_pm<NQ, false, FM>(qpm, H->q_min + (size_t)gb * d,
+						   H->q_max + (size_t)gb * d, d);
 		w = (uint32_t)min((uint64_t)qb, H->n - (uint64_t)gb * qb);
 		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
 		WSP(uint8_t, L, ntok, ws, blockIdx.y)[gb] = (uint8_t)w;
@@ -5645,11 +5682,13 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (a->max_blocks) {
 		uint32_t K, gx;
 		size_t smem;
-		int rc = score_grid<NQ>(a, &K, &gx, &smem);
+		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true>
+							     : k_score<NQ, false>;
+		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 		if (rc)
 			return rc;
-		GPU_CK(gpu_launch(pdl_of(a), k_score<NQ>, dim3(gx, a->n_heads), SCORE_T, smem, s,
-				  heads, ws, L, K));
+		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
+				  ws, L, K));
 	}
 	if (upto < 3)
 		return 0;
@@ -5776,7 +5815,9 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 	char *ws = (char *)a->ws;
 	if (quest) {
 		GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
-		k_score_quest<NQ><<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(
+		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score_quest<NQ, true>
+							     : k_score_quest<NQ, false>;
+		score<<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(
 			heads, a->q, a->d, a->quest_b, ws, L);
 		GPU_CKL();
 		uint32_t R, gx;

@@ -266,6 +266,12 @@ Test(gpu, packed_d64_nq3_b8) { check_packed(64, 3, 1, 0, 8, 0.2, 300); }
 Test(gpu, packed_nq8_b32_g4) { check_packed(128, 8, 4, 1, 32, 0.15, 5); }
 Test(gpu, packed_nq1_b64) { check_packed(128, 1, 1, 0, 64, 0.3, 16); }
 Test(gpu, packed_nq2_full) { check_packed(64, 2, 2, 1, 16, 1.0, 20); }
+/* a step with the scores as two sums of fused products (GPU_ATTN_SCORE_FMA) */
+Test(gpu, packed_llama_shape_fma)
+{
+	g_flags = GPU_ATTN_SCORE_FMA;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
 /* the first, CUDA-core-only version of the attention kernel */
 Test(gpu, packed_cuda_cores)
 {
@@ -1243,6 +1249,19 @@ Test(gpu, select_rest_s12_unstaged) { check_select_s(128, 4, 0.1, 16, 3000, 12, 
 Test(gpu, select_nq8_s32) { check_select_s(128, 8, 0.15, 16, 3000, 32, 6); }
 Test(gpu, select_many_blocks) { check_select(128, 4, 0.1, 8, 20000); }
 Test(gpu, select_d64_nq2) { check_select(64, 2, 0.37, 16, 900); }
+/* the scores as two sums of fused products (GPU_ATTN_SCORE_FMA, the
+ * bench's os_fma), staged and not, against the same references and
+ * tolerance */
+Test(gpu, select_llama_shape_fma)
+{
+	g_flags = GPU_ATTN_SCORE_FMA;
+	check_select(128, 4, 0.1, 16, 3000);
+}
+Test(gpu, select_rest_s12_unstaged_fma)
+{
+	g_flags = GPU_ATTN_SCORE_FMA;
+	check_select_s(128, 4, 0.1, 16, 3000, 12, 0);
+}
 Test(gpu, select_tiny_budget) { check_select(128, 1, 0.001, 32, 1000); }
 
 /*
@@ -2071,6 +2090,12 @@ Test(gpu, dense_d64_nq3) { check_dense(0, 64, 3, 16, 1.0); }
 Test(gpu, quest_llama_shape) { check_dense(1, 128, 4, 16, 0.1); }
 Test(gpu, quest_d64_b32_nq8) { check_dense(1, 64, 8, 32, 0.2); }
 Test(gpu, quest_b8_nq1) { check_dense(1, 128, 1, 8, 0.05); }
+/* Quest with its scores as two sums of fused products (GPU_ATTN_SCORE_FMA) */
+Test(gpu, quest_llama_shape_fma)
+{
+	g_flags = GPU_ATTN_SCORE_FMA;
+	check_dense(1, 128, 4, 16, 0.1);
+}
 /* Quest's selection in chunks of 512 blocks (GPU_ATTN_CHUNK_512) */
 Test(gpu, quest_chunk512)
 {
