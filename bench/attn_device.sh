@@ -23,7 +23,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== bench"
   timeout 200 $B/bench/attn --sdpa "$OUT/sdpa.txt" ${ATTN_ARGS:-} > "$OUT/bench.log" 2>&1
   cat "$OUT/bench.log"
-  echo "== the ordered path's variants side by side (bench/attn_ab.py)"
+  echo "== the A/B columns side by side (bench/attn_ab.py)"
   python3 bench/attn_ab.py "$OUT/bench.log" | tee "$OUT/ab.txt"
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
@@ -47,3 +47,11 @@ if [ "${NCU:-0}" = 1 ]; then
   echo "ncu rc=$?"
   grep -E "^  k_|Duration|DRAM Throughput|Achieved Occupancy|inst_executed|bank_conflicts|Warp Cycles Per Issued|Stall|stall" "$OUT/ncu.log" | head -80
 fi
+# The test results again, so that the end of the output (all the device
+# tool returns of it) holds them; then every log in one archive beside
+# bench.log and ab.txt, since the tool brings back 8 files at most (the
+# thirty-fourth session lost test.log so).
+echo "== tests"
+grep -hE "Synthesis|\[FAIL\]" "$OUT/test.log" | head -10
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz ./*.log ./*.txt 2>/dev/null &&
+ find . -maxdepth 1 -type f ! -name logs.tgz ! -name bench.log ! -name ab.txt -delete)
