@@ -155,6 +155,12 @@ static int ss_with(const struct gpu_attn_args *a, const void *h, cudaStream_t s,
 	b.flags |= fl;
 	return gpu_score_select(&b, h, s);
 }
+static int qss_with(const struct gpu_attn_args *a, const void *h, cudaStream_t s, uint32_t fl)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= fl;
+	return gpu_quest_score_select(&b, h, s);
+}
 
 /* both of the bench's row formats keep the small-rows promise */
 static int f_packed(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
@@ -222,9 +228,7 @@ static int f_packed_ss_fma(const struct gpu_attn_args *a, const void *h, cudaStr
 }
 static int f_quest_ss_fma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_SCORE_FMA;
-	return gpu_quest_score_select(&b, h, s);
+	return qss_with(a, h, s, GPU_ATTN_SCORE_FMA);
 }
 /* Quest with its CTAs ordered by work (GPU_ATTN_WORK_ORDER; by default
  * it keeps slot order, where it measured faster) */
@@ -292,9 +296,7 @@ static int f_packed_sc(const struct gpu_attn_args *a, const void *h, cudaStream_
 }
 static int f_quest_sc(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	struct gpu_attn_args b = *a;
-	b.flags |= GPU_ATTN_STAGE_CUT;
-	return gpu_quest_score_select(&b, h, s);
+	return qss_with(a, h, s, GPU_ATTN_STAGE_CUT);
 }
 static int f_dense(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
