@@ -4,11 +4,12 @@
  * without K̂" (thirty-third session): does gathering a replicated q' table
  * at each K value's position, with V's expansion spread over all 32 lanes,
  * cost the shared-memory pipe and the issue slots less than today's
- * expansion of K and V rows into dense tiles?  Two kernels over the same
- * packed rows (the bench's format: d_keep 96 rotated channels, r = 32 bf16
- * values a vector in rank order, a 96-bit bitmap in 4 words, K's value
- * positions a byte each), 16-token sub-blocks a warp, staged in shared
- * memory the same way:
+ * expansion of K and V rows into dense tiles, and than the positions'
+ * scatter?  Three kernels over the same packed rows (the bench's format:
+ * d_keep 96 rotated channels, r = 32 bf16 values a vector in rank order, a
+ * 96-bit bitmap in 4 words, K's and V's value positions a byte each),
+ * 16-token sub-blocks a warp, each staging (one load and one store a
+ * 16-byte piece) the rows and what else it reads:
  *   expand  lanes 0-15 expand K row t, lanes 16-31 V row t, into
  *           [token][channel] bf16 tiles by the attention kernel's own
  *           expand_direct (gpu/expand.cuh: groups of 8 channels, a bit
@@ -22,22 +23,30 @@
  *           bank groups whatever channels it asks for), 4 FMAs; one
  *           shfl_xor sums the halves; V's expansion over all 32 lanes (two
  *           lanes a row, 48 channels each) and its tile read back
+ *   scatter the positions' path (the attention kernel's st_sub with POS,
+ *           bench/attn's ours_pos): lanes 0-15 K row t, lanes 16-31 V row
+ *           t, each zeroes its tile row and stores its 32 values at their
+ *           positions (16-bit stores), both tiles read back; added in the
+ *           thirty-fourth session, since the gather needs K positions and
+ *           so competes with this path, not with the expansion
  * Checks: the XOR of every tile word read back against the host's
- * expansion of the same rows (exact), and the gathered scores against the
- * host's in double (relative to |score| + mean |score|, 1e-5).  Times:
+ * expansion of the same rows (exact; the scatter's tiles are the
+ * expansion's), and the gathered scores against the host's in double
+ * (relative to |score| + mean |score|, 1e-5).  Times:
  * median of REPS launches by events, a persistent grid (SMs × CTAS).
- * For ncu: `ncu --kernel-name regex:'^k_(expand|gather)$' --metrics
+ * For ncu: `ncu --kernel-name regex:'^k_(expand|gather|scatter)$' --metrics
  * smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,
  * l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,gpu__time_duration.sum`.
- * Both kernels take the same shared memory a CTA (the table's 12 KB
- * included), so they run at the same occupancy (4 CTAs an SM at ~51 KB;
+ * The kernels take the same shared memory a CTA (the table's 12 KB
+ * included), so they run at the same occupancy (4 CTAs an SM at ~53 KB;
  * the attention kernel's small layout runs 5): the probe compares the
  * work a sub-block, not what the table would cost in CTAs.
  * Built by meson as build/bench/kgather_probe (CUDA builds), or alone:
  * nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Igpu
  * bench/kgather_probe.cu -o kgather_probe; run `kgather_probe [blocks]`.
- * Written without a GPU (thirty-third session): every CUDA call checked,
- * and both checks run before any time is printed.
+ * Written without a GPU (thirty-third session; the scatter in the
+ * thirty-fourth, not yet run): every CUDA call checked, and every check
+ * runs before any time is printed.
  */
 #include <math.h>
 #include <stddef.h>
@@ -70,6 +79,7 @@ struct sub {
 	uint4 krow[TOK * ROWB / 16], vrow[TOK * ROWB / 16];
 	uint4 kbm[TOK], vbm[TOK];
 	uint4 kpos[TOK * POSB / 16];
+	uint4 vpos[TOK * POSB / 16]; /* the scatter's (the positions' path) */
 };
 
 struct warp_smem {
@@ -82,22 +92,37 @@ struct cta_smem {
 	struct warp_smem w[WARPS];
 };
 
-/* The warp's copy of sub-block @s into its stage (both kernels alike; @kpos:
- * the positions too). */
-__device__ __forceinline__ void stage(const struct sub *s, struct sub &st, bool kpos, int lane)
+/* Which parts of a sub-block a kernel stages: the rows (always), the
+ * bitmaps, K's and V's positions. */
+enum { ST_BM = 1, ST_KPOS = 2, ST_VPOS = 4 };
+
+/* Piece @q (16 bytes) of a sub-block: whether a kernel staging @parts
+ * reads it. */
+__host__ __device__ constexpr bool staged(int q, int parts)
+{
+	return q < (int)(offsetof(struct sub, kbm) / 16) ||
+	       (q < (int)(offsetof(struct sub, kpos) / 16) ? (parts & ST_BM) != 0
+	       : q < (int)(offsetof(struct sub, vpos) / 16) ? (parts & ST_KPOS) != 0
+							     : (parts & ST_VPOS) != 0);
+}
+
+/* The warp's copy of sub-block @s into its stage, the pieces @parts names
+ * (every kernel alike: all loads, then all stores). */
+template <int PARTS>
+__device__ __forceinline__ void stage(const struct sub *s, struct sub &st, int lane)
 {
 	const uint4 *g = (const uint4 *)s;
 	uint4 *d = (uint4 *)&st;
-	const int n = kpos ? (int)(sizeof(struct sub) / 16) : (int)(offsetof(struct sub, kpos) / 16);
-	uint4 v[(sizeof(struct sub) / 16 + 31) / 32];
+	constexpr int N = (int)(sizeof(struct sub) / 16);
+	uint4 v[(N + 31) / 32];
 #pragma unroll
-	for (int i = 0; i < (int)(sizeof v / sizeof *v); i++)
-		if (lane + 32 * i < n)
+	for (int i = 0; i < (N + 31) / 32; i++)
+		if (lane + 32 * i < N && staged(lane + 32 * i, PARTS))
 			v[i] = __ldcs(g + lane + 32 * i);
 	__syncwarp();
 #pragma unroll
-	for (int i = 0; i < (int)(sizeof v / sizeof *v); i++)
-		if (lane + 32 * i < n)
+	for (int i = 0; i < (N + 31) / 32; i++)
+		if (lane + 32 * i < N && staged(lane + 32 * i, PARTS))
 			d[lane + 32 * i] = v[i];
 	__syncwarp();
 }
@@ -169,7 +194,7 @@ __global__ void __launch_bounds__(32 * WARPS, CTAS)
 	struct warp_smem &W = sm.w[wi];
 	uint32_t x = 0;
 	for (uint32_t i = blockIdx.x * WARPS + wi; i < n; i += gridDim.x * WARPS) {
-		stage(subs + i, W.st, false, lane);
+		stage<ST_BM>(subs + i, W.st, lane);
 		const uint4 bm = kv ? W.st.vbm[t] : W.st.kbm[t];
 		const uint16_t *row = (const uint16_t *)(kv ? W.st.vrow : W.st.krow) + t * R;
 		const uint32_t b4[4] = {bm.x, bm.y, bm.z, bm.w};
@@ -200,7 +225,7 @@ __global__ void __launch_bounds__(32 * WARPS, CTAS)
 	struct warp_smem &W = sm.w[wi];
 	uint32_t x = 0;
 	for (uint32_t i = blockIdx.x * WARPS + wi; i < n; i += gridDim.x * WARPS) {
-		stage(subs + i, W.st, true, lane);
+		stage<ST_BM | ST_KPOS>(subs + i, W.st, lane);
 		/* K: values [16 half, 16 half + 16) of row t */
 		const uint4 P = W.st.kpos[(t * POSB + 16 * half) / 16];
 		const uint4 v0 = W.st.krow[(t * ROWB + 32 * half) / 16];
@@ -236,6 +261,65 @@ __global__ void __launch_bounds__(32 * WARPS, CTAS)
 		expand_rt<DK / 16>(W.st.vbm[t], (uint32_t)__cvta_generic_to_shared(row), trow,
 				   (DK / 16) * half);
 		__syncwarp();
+		x = readback(W.vt, lane, x);
+		__syncwarp();
+	}
+	xor_out(x, xout);
+}
+
+/* The positions' path as the attention kernel runs it (st_sub with POS):
+ * lane t of each half zeroes its tile row (K rows in lanes 0-15, V rows in
+ * 16-31), then stores each of its 32 values at its position, 8 at a time:
+ * a 16-byte load of 8 values and an 8-byte load of their positions, the
+ * piece rotated by the row (t >> 1) so that a quarter warp's 16-byte loads
+ * meet 8 bank groups (the kernel swizzles its stage to the same end);
+ * both tiles read back as k_expand does.  Its tiles are k_expand's. */
+__global__ void __launch_bounds__(32 * WARPS, CTAS)
+	k_scatter(const struct sub *subs, uint32_t n, uint32_t *xout)
+{
+	extern __shared__ __align__(16) unsigned char raw[];
+	struct cta_smem &sm = *(struct cta_smem *)raw;
+	const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, t = lane & 15, kv = lane >> 4;
+	struct warp_smem &W = sm.w[wi];
+	const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.vt : W.kt) + t * LD);
+	const uint32_t vrow = (uint32_t)__cvta_generic_to_shared(kv ? W.st.vrow : W.st.krow) +
+			      t * ROWB;
+	const uint32_t prow = (uint32_t)__cvta_generic_to_shared(kv ? W.st.vpos : W.st.kpos) +
+			      t * POSB;
+	uint32_t x = 0;
+	for (uint32_t i = blockIdx.x * WARPS + wi; i < n; i += gridDim.x * WARPS) {
+		stage<ST_KPOS | ST_VPOS>(subs + i, W.st, lane);
+		uint4 v[R / 8];
+		uint2 p[R / 8];
+#pragma unroll
+		for (int m = 0; m < R / 8; m++) {
+			const uint32_t pc = (uint32_t)(m + (t >> 1)) & (R / 8 - 1);
+			asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+				     : "=r"(v[m].x), "=r"(v[m].y), "=r"(v[m].z), "=r"(v[m].w)
+				     : "r"(vrow + 16 * pc)
+				     : "memory");
+			asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];"
+				     : "=r"(p[m].x), "=r"(p[m].y)
+				     : "r"(prow + 8 * pc)
+				     : "memory");
+		}
+#pragma unroll
+		for (int gi = 0; gi < DK / 8; gi++)
+			sts128(trow + 16 * gi, 0u, 0u, 0u, 0u);
+#pragma unroll
+		for (int m = 0; m < R / 8; m++) {
+			const uint32_t vw[4] = {v[m].x, v[m].y, v[m].z, v[m].w};
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				const uint32_t c = __byte_perm(e < 4 ? p[m].x : p[m].y, 0u,
+							       0x4440u + (e & 3));
+				const uint32_t u = (e & 1) ? vw[e >> 1] >> 16 : vw[e >> 1];
+				asm volatile("st.shared.u16 [%0], %1;" ::"r"(trow + 2 * c), "r"(u)
+					     : "memory");
+			}
+		}
+		__syncwarp();
+		x = readback(W.kt, lane, x);
 		x = readback(W.vt, lane, x);
 		__syncwarp();
 	}
@@ -324,7 +408,7 @@ int main(int argc, char **argv)
 		for (int t = 0; t < TOK; t++) {
 			uint32_t kb[4], vb[4];
 			uint16_t *kr = (uint16_t *)s.krow + t * R, *vr = (uint16_t *)s.vrow + t * R;
-			uint8_t *kp = (uint8_t *)s.kpos + t * POSB, vp[R];
+			uint8_t *kp = (uint8_t *)s.kpos + t * POSB, *vp = (uint8_t *)s.vpos + t * POSB;
 			make_vec(kb, kr, kp);
 			make_vec(vb, vr, vp);
 			memcpy(&s.kbm[t], kb, 16);
@@ -346,16 +430,18 @@ int main(int argc, char **argv)
 	CK(cudaMalloc(&ds, sizeof(struct sub) * n));
 	CK(cudaMalloc(&dq, sizeof(float) * NQ * DK));
 	CK(cudaMalloc(&dsc, sizeof(float) * n * TOK * NQ));
-	CK(cudaMalloc(&dx, 8));
+	CK(cudaMalloc(&dx, 12));
 	CK(cudaMemcpy(ds, hs.data(), sizeof(struct sub) * n, cudaMemcpyHostToDevice));
 	CK(cudaMemcpy(dq, q.data(), sizeof(float) * NQ * DK, cudaMemcpyHostToDevice));
 	const size_t smem = sizeof(struct cta_smem);
 	CK(cudaFuncSetAttribute(k_expand, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	CK(cudaFuncSetAttribute(k_gather, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	int oe = 0, og = 0;
+	CK(cudaFuncSetAttribute(k_scatter, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	int oe = 0, og = 0, os = 0;
 	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&oe, k_expand, 32 * WARPS, smem));
 	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&og, k_gather, 32 * WARPS, smem));
-	const int occ = std::min(oe, og);
+	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&os, k_scatter, 32 * WARPS, smem));
+	const int occ = std::min(std::min(oe, og), os);
 	if (occ < 1) {
 		fprintf(stderr, "kgather_probe: no CTA fits (%zu bytes of shared memory)\n", smem);
 		return 1;
@@ -363,14 +449,16 @@ int main(int argc, char **argv)
 	const uint32_t grid = (uint32_t)(nsm * occ);
 
 	/* the checks first */
-	CK(cudaMemset(dx, 0, 8));
+	CK(cudaMemset(dx, 0, 12));
 	k_expand<<<grid, 32 * WARPS, smem>>>(ds, n, dx);
 	CK(cudaGetLastError());
 	k_gather<<<grid, 32 * WARPS, smem>>>(ds, n, dq, dsc, dx + 1);
 	CK(cudaGetLastError());
+	k_scatter<<<grid, 32 * WARPS, smem>>>(ds, n, dx + 2);
+	CK(cudaGetLastError());
 	CK(cudaDeviceSynchronize());
-	uint32_t hx[2];
-	CK(cudaMemcpy(hx, dx, 8, cudaMemcpyDeviceToHost));
+	uint32_t hx[3];
+	CK(cudaMemcpy(hx, dx, 12, cudaMemcpyDeviceToHost));
 	std::vector<float> sc((size_t)n * TOK * NQ);
 	CK(cudaMemcpy(sc.data(), dsc, sizeof(float) * sc.size(), cudaMemcpyDeviceToHost));
 	double mean = 0.0, worst = 0.0;
@@ -382,6 +470,10 @@ int main(int argc, char **argv)
 	int bad = 0;
 	if (hx[0] != x_exp) {
 		fprintf(stderr, "expand: tiles' XOR %08x, host %08x\n", hx[0], x_exp);
+		bad = 1;
+	}
+	if (hx[2] != x_exp) {
+		fprintf(stderr, "scatter: tiles' XOR %08x, host %08x\n", hx[2], x_exp);
 		bad = 1;
 	}
 	if (hx[1] != x_v) {
@@ -398,7 +490,7 @@ int main(int argc, char **argv)
 	cudaEvent_t e0, e1;
 	CK(cudaEventCreate(&e0));
 	CK(cudaEventCreate(&e1));
-	std::vector<float> te, tg;
+	std::vector<float> te, tg, ts;
 	for (int rep = 0; rep < REPS; rep++) {
 		float ms;
 		CK(cudaEventRecord(e0));
@@ -413,16 +505,23 @@ int main(int argc, char **argv)
 		CK(cudaEventSynchronize(e1));
 		CK(cudaEventElapsedTime(&ms, e0, e1));
 		tg.push_back(ms * 1e3f);
+		CK(cudaEventRecord(e0));
+		k_scatter<<<grid, 32 * WARPS, smem>>>(ds, n, dx + 2);
+		CK(cudaEventRecord(e1));
+		CK(cudaEventSynchronize(e1));
+		CK(cudaEventElapsedTime(&ms, e0, e1));
+		ts.push_back(ms * 1e3f);
 	}
-	const float me = median(te), mg = median(tg);
+	const float me = median(te), mg = median(tg), msc = median(ts);
 	printf("kgather_probe: %u sub-blocks of %d tokens (K and V rows: r = %d of %d bf16), "
 	       "grid %u (%d a SM), %zu bytes of shared memory a CTA\n",
 	       n, TOK, R, DK, grid, occ, smem);
 	printf("checks: tile XORs equal the host's, scores' worst relative error %.2e\n", worst);
-	printf("expand %.1f us, gather %.1f us (median of %d)\n", me, mg, REPS);
-	printf("RESULT name=kgather_probe blocks=%u expand_us=%.1f gather_us=%.1f "
-	       "gather_over_expand=%.3f\n",
-	       n, me, mg, mg / me);
+	printf("expand %.1f us, gather %.1f us, scatter %.1f us (median of %d)\n", me, mg, msc,
+	       REPS);
+	printf("RESULT name=kgather_probe blocks=%u expand_us=%.1f gather_us=%.1f scatter_us=%.1f "
+	       "gather_over_expand=%.3f gather_over_scatter=%.3f\n",
+	       n, me, mg, msc, mg / me, mg / msc);
 	CK(cudaFree(ds));
 	CK(cudaFree(dq));
 	CK(cudaFree(dsc));
