@@ -314,8 +314,7 @@ __global__ void __launch_bounds__(32 * WARPS, CTAS)
 				const uint32_t c = __byte_perm(e < 4 ? p[m].x : p[m].y, 0u,
 							       0x4440u + (e & 3));
 				const uint32_t u = (e & 1) ? vw[e >> 1] >> 16 : vw[e >> 1];
-				asm volatile("st.shared.u16 [%0], %1;" ::"r"(trow + 2 * c), "r"(u)
-					     : "memory");
+				sts16(trow + 2 * c, u);
 			}
 		}
 		__syncwarp();

@@ -3965,11 +3965,6 @@ __device__ __forceinline__ void st_fill_pos(const struct gpu_seg &sg, uint32_t t
 	asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-/* One 16-bit shared store. */
-__device__ __forceinline__ void sts16(uint32_t a, uint32_t v)
-{
-	asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "r"(v) : "memory");
-}
 
 /* a, b as bf16 pairs: *h the rounded values, *l the remainders. */
 __device__ __forceinline__ void dn_split(float a, float b, uint32_t *h, uint32_t *l)

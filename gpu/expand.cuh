@@ -15,6 +15,12 @@ __device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint3
 		     : "memory");
 }
 
+/* One 16-bit shared store (the low half of @v; the positions' scatter). */
+__device__ __forceinline__ void sts16(uint32_t a, uint32_t v)
+{
+	asm volatile("st.shared.u16 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
+
 /* One channel of the out-of-place expansion: the value at @p if @wd has
  * @bit (then @p steps on), else 0.  Not volatile, no memory clobber, so
  * the compiler may interleave the groups (their sources and the tile never
