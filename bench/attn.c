@@ -62,6 +62,7 @@
 #define BB 16
 #define SS 32
 #define BW 3
+#define BW2 2 /* ours_g2: words of a g = 2 bitmap (DK / 2 bits) */
 #define RQ 80  /* ours_q6: values per vector */
 #define QW 6   /* and their bits */
 #define RSQ 32 /* device row stride, 16-bit units: 2 + 60 bytes -> 64 */
@@ -353,6 +354,7 @@ struct slabs {
 	uint16_t *kval, *vval, *smin, *smax, *rot, *dk, *dv, *qmn, *qmx, *wk, *wv;
 	uint32_t *kbm, *vbm;
 	uint32_t *kbmq, *vbmq; /* RQ of DK bits set (ours_q6) */
+	uint32_t *kbm2, *vbm2; /* RR / 2 of DK / 2 pair bits set (ours_g2) */
 	uint16_t *srest;       /* remainder bounds (ours_q6) */
 	uint8_t *kpos, *vpos;  /* value positions of kbm, vbm (ours_pos) */
 	int8_t *s8;            /* 8-bit summaries of smin, smax (ours_s8) */
@@ -382,6 +384,10 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 	RC(gpu_synth_bf16(s->vval, N * RR, 0.5f, 0.0f, 2, st));
 	RC(gpu_synth_bitmaps(s->kbm, N, BW, DK, RR, 3, st));
 	RC(gpu_synth_bitmaps(s->vbm, N, BW, DK, RR, 4, st));
+	s->kbm2 = dalloc(N * BW2 * 4);
+	s->vbm2 = dalloc(N * BW2 * 4);
+	RC(gpu_synth_bitmaps(s->kbm2, N, BW2, DK / 2, RR / 2, 16, st));
+	RC(gpu_synth_bitmaps(s->vbm2, N, BW2, DK / 2, RR / 2, 17, st));
 	s->kpos = dalloc(N * GPU_POS_STRIDE(RR));
 	s->vpos = dalloc(N * GPU_POS_STRIDE(RR));
 	RC(gpu_seg_positions(s->kbm, BW, DK, RR, N, s->kpos, st));
@@ -414,7 +420,9 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 /* Segment tables and heads for H contexts of L tokens: bf16 rows (mode
  * 0), 6-bit rows (1: ours_q6), bf16 rows with value positions (2:
  * ours_pos), with value positions and 8-bit summaries (3: pos_s8), with
- * 8-bit summaries (4: ours_s8). */
+ * 8-bit summaries (4: ours_s8), with g = 2 bitmaps (5: ours_g2; the same
+ * values, a bit a pair of channels), with g = 2 bitmaps and 8-bit
+ * summaries (6: g2_s8). */
 static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu_seg *dsegs,
 		       struct gpu_head *dheads, struct gpu_dense_head *ddense, int mode)
 {
@@ -451,7 +459,13 @@ static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu
 				g->k_pos = s->kpos + tok * GPU_POS_STRIDE(RR);
 				g->v_pos = s->vpos + tok * GPU_POS_STRIDE(RR);
 			}
-			if (mode == 3 || mode == 4) {
+			if (mode == 5 || mode == 6) {
+				g->k_bm = s->kbm2 + tok * BW2;
+				g->v_bm = s->vbm2 + tok * BW2;
+				g->k_g = g->v_g = 2;
+				g->k_bw = g->v_bw = BW2;
+			}
+			if (mode == 3 || mode == 4 || mode == 6) {
 				g->s8 = s->s8 + blk * 2 * SS;
 				g->s8_scale = s->s8sc + blk;
 			}
@@ -714,7 +728,9 @@ int main(int argc, char **argv)
 		       "flush_us_per_layer=nan prefill_encode_frac_64k=nan speedup_dense_1m_pos=nan "
 		       "speedup_quest_1m_pos=nan bw_frac_256k_pos=nan speedup_dense_1m_s8=nan "
 		       "speedup_quest_1m_s8=nan score_speedup_quest_1m_s8=nan bw_frac_256k_s8=nan "
-		       "score_speedup_quest_1m_cut=nan score_speedup_quest_1m_s8_cut=nan\n");
+		       "score_speedup_quest_1m_cut=nan score_speedup_quest_1m_s8_cut=nan "
+		       "speedup_dense_1m_g2=nan speedup_quest_1m_g2=nan bw_frac_256k_g2=nan "
+		       "speedup_dense_1m_g2s8=nan bw_frac_256k_g2s8=nan\n");
 		return 0;
 	}
 	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -779,7 +795,7 @@ int main(int argc, char **argv)
 	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
 	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | "
 	       "%9s %9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s "
-	       "%9s | %9s %9s %9s\n",
+	       "%9s | %9s %9s %9s | %9s %9s %7s %6s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
 	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
@@ -787,11 +803,12 @@ int main(int argc, char **argv)
 	       "pos_512", "ours_s8", "os_s8", "pos_s8", "x_sc_s8", "ps8_ma", "oscut", "qscut",
 	       "os8cut", "x_sccut", "x_s8cut", "ours_p1", "ours_p2", "ours_p4", "ps8_p1", "quest_p2",
 	       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni", "ours_fma", "os_fma",
-	       "qs_fma");
+	       "qs_fma", "ours_g2", "g2_s8", "x_d_g2", "bwf_g2");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
 	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
 	double r_sccut1m = NAN, r_s8cut1m = NAN;
+	double r_dg21m = NAN, r_qg21m = NAN, r_bwg2256 = NAN, r_dg281m = NAN, r_bwg28256 = NAN;
 	for (int bi = 0; bi < nbat; bi++) {
 		for (int ci = 0; ci < nctx; ci++) {
 			uint32_t B = bat[bi], L = ctx[ci], H = B * HKV;
@@ -805,6 +822,11 @@ int main(int argc, char **argv)
 			a.ws = ws;
 			a.ws_bytes = wsb;
 			if (once) {
+				if (once == 2) { /* ours_g2 first (ncu's first launches) */
+					make_heads(&s, H, L, dsegs, dheads, ddense, 5);
+					RC(f_packed(&a, dheads, st));
+					make_heads(&s, H, L, dsegs, dheads, ddense, 0);
+				}
 				RC(f_packed(&a, dheads, st));
 				RC(f_quest(&a, ddense, st));
 				RC(f_dense(&a, ddense, st));
@@ -820,6 +842,9 @@ int main(int argc, char **argv)
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				RC(f_packed_so(&a, dheads, st)); /* ours_so */
 				RC(f_packed_fma(&a, dheads, st)); /* ours_fma */
+				make_heads(&s, H, L, dsegs, dheads, ddense, 5);
+				RC(f_packed(&a, dheads, st)); /* ours_g2 */
+				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				CK(cudaStreamSynchronize(st));
 				continue;
 			}
@@ -936,6 +961,15 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_pp81);
 			cudaGraphExecDestroy(g_pp8);
 			cudaGraphExecDestroy(g_pp8m);
+			/* g = 2 bitmaps, then with 8-bit summaries too */
+			make_heads(&s, H, L, dsegs, dheads, ddense, 5);
+			cudaGraphExec_t g_pg2 = capture(f_packed, &a, dheads);
+			double t_pg2 = time_graph(g_pg2, 1);
+			cudaGraphExecDestroy(g_pg2);
+			make_heads(&s, H, L, dsegs, dheads, ddense, 6);
+			cudaGraphExec_t g_pg28 = capture(f_packed, &a, dheads);
+			double t_pg28 = time_graph(g_pg28, 1);
+			cudaGraphExecDestroy(g_pg28);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			/* bytes the packed step must read: summaries, both rotations of
 			 * every segment, the selected blocks' packed K and V, the window */
@@ -954,7 +988,11 @@ int main(int argc, char **argv)
 			}
 			bytes_pos += bytes;
 			/* 8-bit summaries: 2S + 4 bytes a block where 4S were */
-			double bytes_pos8 = bytes_pos - (double)H * (L / BB) * (SS * 4.0 - (2.0 * SS + 4));
+			const double s8_less = (double)H * (L / BB) * (SS * 4.0 - (2.0 * SS + 4));
+			double bytes_pos8 = bytes_pos - s8_less;
+			/* g = 2: BW2 bitmap words a vector where BW were */
+			double bytes_g2 = bytes - (double)nsel_tot * BB * (BW - BW2) * 4.0 * 2;
+			double bytes_g28 = bytes_g2 - s8_less;
 			double sd = sdpa_of(B, L);
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
@@ -962,14 +1000,15 @@ int main(int argc, char **argv)
 			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | "
 			       "%9.1f %9.1f %9.1f %7.2f %9.1f | %9.1f %9.1f %9.1f %7.2f %7.2f | "
 			       "%9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f "
-			       "%9.1f | %9.1f %9.1f %9.1f\n",
+			       "%9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %7.2f %6.3f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
 			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
 			       t_qsl, t_pp, t_pp128, t_pp512, t_p8, t_ps8, t_pp8, t_qs / t_ps8, t_pp8m,
 			       t_pcut, t_qcut, t_ps8c, t_qcut / t_pcut, t_qcut / t_ps8c, t_p1, t_p2, t_p4,
 			       t_pp81, t_qp2, t_pso, t_qso, t_pp8so, t_pb64, t_pp8b, t_pni, t_pfm,
-			       t_psfm, t_qsfm);
+			       t_psfm, t_qsfm, t_pg2, t_pg28, t_d / t_pg2,
+			       bytes_g2 / (t_pg2 * 1e-6) / copy_bw);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -995,11 +1034,16 @@ int main(int argc, char **argv)
 				r_sc81m = t_qs / t_ps8;
 				r_sccut1m = t_qcut / t_pcut;
 				r_s8cut1m = t_qcut / t_ps8c;
+				r_dg21m = t_d / t_pg2;
+				r_qg21m = t_q / t_pg2;
+				r_dg281m = t_d / t_pg28;
 			}
 			if (B == 1 && L == 262144) {
 				r_bw256 = bwf;
 				r_bwpos256 = bytes_pos / (t_pp * 1e-6) / copy_bw;
 				r_bws8256 = bytes_pos8 / (t_pp8 * 1e-6) / copy_bw;
+				r_bwg2256 = bytes_g2 / (t_pg2 * 1e-6) / copy_bw;
+				r_bwg28256 = bytes_g28 / (t_pg28 * 1e-6) / copy_bw;
 			}
 			(void)nsel_tot;
 			cudaGraphExecDestroy(g_p);
@@ -1027,7 +1071,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac)\n", RQ);
 
 	if (once)
 		return 0;
@@ -1053,14 +1097,18 @@ int main(int argc, char **argv)
 	/* the first seven keys are the issue's, for the library's default
 	 * device format; the _pos keys are the same with value positions
 	 * (mkv_seq_opts.device_positions); the _s8 keys with value positions
-	 * and 8-bit scores (pos_s8; its score stage os_s8) */
+	 * and 8-bit scores (pos_s8; its score stage os_s8); the _g2 keys with
+	 * g = 2 bitmaps (ours_g2), _g2s8 with 8-bit summaries too (g2_s8) */
 	printf("RESULT name=attn speedup_dense_1m=%.3f speedup_quest_1m=%.3f "
 	       "score_speedup_quest_1m=%.3f dense_vs_sdpa_1m=%.3f bw_frac_256k=%.3f "
 	       "flush_us_per_layer=%.2f prefill_encode_frac_64k=%.4f speedup_dense_1m_pos=%.3f "
 	       "speedup_quest_1m_pos=%.3f bw_frac_256k_pos=%.3f speedup_dense_1m_s8=%.3f "
 	       "speedup_quest_1m_s8=%.3f score_speedup_quest_1m_s8=%.3f bw_frac_256k_s8=%.3f "
-	       "score_speedup_quest_1m_cut=%.3f score_speedup_quest_1m_s8_cut=%.3f\n",
+	       "score_speedup_quest_1m_cut=%.3f score_speedup_quest_1m_s8_cut=%.3f "
+	       "speedup_dense_1m_g2=%.3f speedup_quest_1m_g2=%.3f bw_frac_256k_g2=%.3f "
+	       "speedup_dense_1m_g2s8=%.3f bw_frac_256k_g2s8=%.3f\n",
 	       r_dense1m, r_quest1m, r_score1m, r_sdpa1m, r_bw256, flush, frac, r_dpos1m, r_qpos1m,
-	       r_bwpos256, r_ds81m, r_qs81m, r_sc81m, r_bws8256, r_sccut1m, r_s8cut1m);
+	       r_bwpos256, r_ds81m, r_qs81m, r_sc81m, r_bws8256, r_sccut1m, r_s8cut1m, r_dg21m,
+	       r_qg21m, r_bwg2256, r_dg281m, r_bwg28256);
 	return 0;
 }

@@ -4,15 +4,15 @@ side, with each one's ratio to the first: `python3 bench/attn_ab.py
 bench.log [column ...]` (default: the ordered path's variants).  Reads the
 header row (the line starting with "batch") and every data row under it;
 a column the log lacks prints as "-" (an older binary's table).  The
-default since the thirty-fourth session: the step with the scores as two
-sums of fused products (ours_fma), both score stages both ways (their
-ratios to ours_us mean nothing: read their values), and the one-run leads
-of that session's H100 call (wider chunks, one slot a window, parts past
-64 blocks)."""
+default since the thirty-fifth session: the formats side by side (g = 2
+bitmaps, 8-bit summaries, value positions, and their combinations), the
+two score stages (their ratios to ours_us mean nothing: read their
+values), the one-run leads of the thirty-fourth session (wider chunks,
+one slot a window) and Quest."""
 import sys
 
-DEFAULT = ["ours_us", "ours_fma", "oscore", "os_fma", "qscore", "qs_fma", "ours_512", "ours_p1",
-           "ours_b64", "pos_s8", "ps8_p1", "quest_us"]
+DEFAULT = ["ours_us", "ours_g2", "ours_s8", "g2_s8", "pos_s8", "ours_pos", "oscore", "os_s8",
+           "ours_512", "ours_p1", "quest_us"]
 
 
 def rows(path):

@@ -3660,8 +3660,9 @@ __device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0,
 
 
 /*
- * Staged PackedAttention (g == 1 on both halves, rows of at most
- * ST_ROWB bytes: every serving format and the bench's bf16 r = d/4).
+ * Staged PackedAttention (g == 1 on both halves, or g == 2 on both halves
+ * of bf16 rows; rows of at most ST_ROWB bytes: every serving format and
+ * the bench's bf16 r = d/4).
  *
  * Why: the walk and the scatter above load each sub-block from global
  * memory one dependent group at a time and multiply with half of every
@@ -3688,7 +3689,7 @@ __device__ __forceinline__ void tc_sub_g1(const struct gpu_seg &sg, uint32_t t0,
  * when no maximum grew.
  */
 #define ST_ROWB 128 /* staged row bytes at most: bf16 r <= 64, 6-bit r <= 168 */
-#define ST_NB 4     /* bitmap words per vector at most (d_keep <= 128, g == 1) */
+#define ST_NB 4     /* bitmap words per vector at most (d_keep <= 128, g <= 2) */
 
 #define ST_SMALL_ROWB 64 /* rows of the small layout (the bench's bf16 r = 32,
 			  * 6-bit r <= 80) */
@@ -3781,9 +3782,23 @@ struct st_smem {
 	uint2 qb[NU][KC][32]; /* Q'ᵀ B fragments, [4 heads][k-step][lane] */
 };
 
+/* The bitmaps' group sizes the staged path expands: g = 1 on both halves,
+ * or g = 2 on both halves of bf16 rows with an even d_keep (a pair of
+ * channels a bit, expand_direct_g2). */
+__host__ __device__ __forceinline__ bool st_g1(const struct gpu_seg &sg)
+{
+	return sg.k_g == 1 && sg.v_g == 1;
+}
+
+__host__ __device__ __forceinline__ bool st_g2(const struct gpu_seg &sg)
+{
+	return sg.k_g == 2 && sg.v_g == 2 && sg.k_vb == 0 && sg.v_vb == 0 && !(sg.k_dk & 1) &&
+	       !(sg.v_dk & 1);
+}
+
 __device__ __forceinline__ bool st_ok(const struct gpu_seg &sg, uint32_t flags)
 {
-	return !(flags & (GPU_ATTN_SCATTER | GPU_ATTN_WALK)) && sg.k_g == 1 && sg.v_g == 1 &&
+	return !(flags & (GPU_ATTN_SCATTER | GPU_ATTN_WALK)) && (st_g1(sg) || st_g2(sg)) &&
 	       sg.k_rs * 2 <= ST_ROWB && sg.v_rs * 2 <= ST_ROWB && sg.k_bw <= ST_NB &&
 	       sg.v_bw <= ST_NB;
 }
@@ -3792,7 +3807,7 @@ __device__ __forceinline__ bool st_ok(const struct gpu_seg &sg, uint32_t flags)
  * host's gpu_seg_small_rows is this test. */
 __host__ __device__ __forceinline__ bool st_small_ok(const struct gpu_seg &sg, uint32_t d)
 {
-	return sg.k_g == 1 && sg.v_g == 1 && sg.k_rs * 2 <= ST_SMALL_ROWB &&
+	return (st_g1(sg) || st_g2(sg)) && sg.k_rs * 2 <= ST_SMALL_ROWB &&
 	       sg.v_rs * 2 <= ST_SMALL_ROWB && sg.k_bw <= ST_NB && sg.v_bw <= ST_NB &&
 	       sg.k_dk <= 3 * d / 4 && sg.v_dk <= 3 * d / 4 && sg.k_dk > 0 && sg.v_dk > 0;
 }
@@ -4145,10 +4160,11 @@ __device__ __forceinline__ void st_scales(const struct gpu_seg &sg, const struct
 
 /* One sub-block (nt <= 16 tokens) from stage @S; BF: both halves bf16
  * rows, expanded straight from the stage, bf16 products; POS: their
- * values scattered by their positions (st_fill_pos's stage, @pl).
+ * values scattered by their positions (st_fill_pos's stage, @pl); G: the
+ * group size of both halves' bitmaps (2: bf16 rows only, expand_direct_g2).
  * @after runs once the stage has been read (a single-stage layout refills
  * it there). */
-template <int NQ, int D, bool BF, int KC, int RB, bool POS = false, class F>
+template <int NQ, int D, bool BF, int KC, int RB, bool POS = false, int G = 1, class F>
 __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al16,
 				       const struct st_stage<RB> &S, struct st_warp<KC, RB> &W,
 				       const uint2 (*qb)[KC][32], ststate<NQ, D, KC> &st,
@@ -4215,6 +4231,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 		uint32_t dk = kv ? sg.v_dk : sg.k_dk, vb = kv ? sg.v_vb : sg.k_vb;
 		uint32_t r = valid ? (kv ? sg.v_r : sg.k_r) : 0u;
 		uint32_t nch = (dk + 15) & ~15u;
+		const uint32_t nbit = G == 2 ? dk / 2 : dk; /* the bitmap's bits */
 		const uint32_t *bmp = (kv ? S.vbm : S.kbm) + t * bw;
 		const uint32_t *row = (const uint32_t *)(kv ? S.vrow : S.krow) + t * (st_rs(rs, pad) >> 1);
 		uint32_t bm[4] = {0u, 0u, 0u, 0u};
@@ -4223,11 +4240,16 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
 			for (int i = 0; i < D / 32; i++) {
 				uint32_t x = (uint32_t)i < bw ? bmp[i] : 0u;
 				uint32_t lo = 32u * i;
-				bm[i] = dk >= lo + 32 ? x : dk > lo ? x & ((1u << (dk - lo)) - 1u) : 0u;
+				bm[i] = nbit >= lo + 32 ? x
+					: nbit > lo	? x & ((1u << (nbit - lo)) - 1u)
+							: 0u;
 			}
 		}
 		const uint32_t trow = (uint32_t)__cvta_generic_to_shared((kv ? W.v : W.k) + t * LDT);
-		if (BF) {
+		if (BF && G == 2) {
+			expand_direct_g2<2 * KC, (KC < D / 16)>(
+				(uint32_t)__cvta_generic_to_shared(row), trow, bm, nch);
+		} else if (BF) {
 			expand_direct<2 * KC, (KC < D / 16)>((uint32_t)__cvta_generic_to_shared(row),
 							     trow, bm, nch);
 		} else {
@@ -4337,7 +4359,7 @@ __device__ __forceinline__ void st_sub(const struct gpu_seg &sg, int nt, bool al
  * then tc_finish.  @qr: the segment's rotated queries (QR_ROWS × P).  BF:
  * both halves bf16 rows (st_sub).
  */
-template <int NQ, int D, bool BF, int KC = D / 16, int RB = ST_ROWB, bool POS = false>
+template <int NQ, int D, bool BF, int KC = D / 16, int RB = ST_ROWB, bool POS = false, int G = 1>
 static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const uint32_t *list,
 					      uint32_t base_blk, uint32_t cnt, const float *qr,
 					      float scale2, float *po, float *pml,
@@ -4350,6 +4372,7 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
 	const struct gpu_seg sg = *sgp;
 	static_assert(!POS || (BF && RB == ST_SMALL_ROWB), "positions: bf16 rows, small layout");
+	static_assert(G == 1 || (G == 2 && BF && !POS), "g = 2: bf16 rows by their bitmaps");
 	const bool al16 = (((uintptr_t)sg.k_val | (uintptr_t)sg.v_val |
 			    (POS ? (uintptr_t)sg.k_pos | (uintptr_t)sg.v_pos
 				 : (uintptr_t)sg.k_bm | (uintptr_t)sg.v_bm)) & 15u) == 0;
@@ -4455,8 +4478,8 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 			asm volatile("cp.async.wait_group 0;" ::: "memory");
 		}
 		__syncwarp();
-		st_sub<NQ, D, BF, KC, RB, POS>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb,
-					       st, pl, [&] { refill(0); });
+		st_sub<NQ, D, BF, KC, RB, POS, G>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W,
+						  sm.qb, st, pl, [&] { refill(0); });
 		i = ni;
 		t = nt0;
 		t1 = nt1;
@@ -4650,6 +4673,9 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 				pml[2 * threadIdx.x] = 0.0f;
 				pml[2 * threadIdx.x + 1] = 1.0f;
 			}
+		} else if (st_g2(sg)) {
+			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB, false, 2>(
+				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
 		} else if (sg.k_vb == 0 && sg.v_vb == 0 && sg.k_pos && sg.v_pos) {
 			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB, true>(
 				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
@@ -4665,7 +4691,10 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 	if (st_ok(sg, flags)) {
 		/* bf16 rows with d_keep <= 3d/4 on both halves (the bench's):
 		 * 6 of 8 steps at d 128, no test per expansion group */
-		if (sg.k_vb == 0 && sg.v_vb == 0 && sg.k_dk <= 3 * D / 4 && sg.v_dk <= 3 * D / 4)
+		if (st_g2(sg))
+			tc_cta_st<NQ, D, true, D / 16, ST_ROWB, false, 2>(sgp, list, list ? 0 : b0, cnt,
+									  qr, scale2, po, pml, J);
+		else if (sg.k_vb == 0 && sg.v_vb == 0 && sg.k_dk <= 3 * D / 4 && sg.v_dk <= 3 * D / 4)
 			tc_cta_st<NQ, D, true, 3 * D / 64>(sgp, list, list ? 0 : b0, cnt, qr, scale2,
 							   po, pml, J);
 		else if (sg.k_vb == 0 && sg.v_vb == 0)

@@ -89,3 +89,53 @@ __device__ __forceinline__ void expand_direct(uint32_t src, uint32_t dst, const 
 		expand_group(src, dst, bm, base, gi);
 	}
 }
+
+/* g = 2: one bit a pair of channels, stored as one 32-bit word (channel
+ * 2j in the low half), so a group of 8 channels takes 4 bit tests and 4
+ * predicated 32-bit loads where g = 1 takes 8 of each and 4 byte
+ * permutes: the expansion's loads (most of the shared-memory pipe's
+ * wavefronts in the staged kernel, gpu/NOTES.md) halve.  The row's
+ * values start 4-byte aligned (staged rows are). */
+__device__ __forceinline__ uint32_t take_pair(uint32_t wd, uint32_t bit, uint32_t &p)
+{
+	uint32_t v;
+	asm("{\n\t.reg .pred q;\n\t.reg .b32 t;\n\t"
+	    "and.b32 t, %2, %3;\n\t"
+	    "setp.ne.u32 q, t, 0;\n\t"
+	    "mov.u32 %0, 0;\n\t"
+	    "@q ld.shared.u32 %0, [%1];\n\t"
+	    "@q add.u32 %1, %1, 4;\n\t}"
+	    : "=r"(v), "+r"(p)
+	    : "r"(wd), "r"(bit));
+	return v;
+}
+
+/* The g = 2 expansion of a row: @bm holds one bit a pair (bit j: channels
+ * 2j, 2j + 1), so group @gi of 8 channels is bits 4 gi .. 4 gi + 3 of word
+ * gi / 8; otherwise expand_direct's contract (NG groups, FIXED: no test
+ * per group, bits past d_keep / 2 clear). */
+template <int NG, bool FIXED>
+__device__ __forceinline__ void expand_direct_g2(uint32_t src, uint32_t dst,
+						 const uint32_t (&bm)[4], uint32_t nch)
+{
+	constexpr int NW = (NG + 7) / 8; /* bitmap words the groups read */
+	static_assert(NW <= 4, "expand_direct_g2: at most 4 words");
+	uint32_t base[4];
+	base[0] = 0;
+#pragma unroll
+	for (int i = 1; i < 4; i++)
+		base[i] = base[i - 1] + (i - 1 < NW ? __popc(bm[i - 1]) : 0u);
+#pragma unroll
+	for (int gi = 0; gi < NG; gi++) {
+		if (!FIXED && (uint32_t)gi * 8 >= nch)
+			continue;
+		const int sh = (gi & 7) * 4;
+		const uint32_t wd = bm[gi >> 3];
+		uint32_t p = src + 4 * (base[gi >> 3] + __popc(wd & ((1u << sh) - 1u)));
+		uint32_t v[4];
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			v[e] = take_pair(wd, 1u << (sh + e), p);
+		sts128(dst + 16 * gi, v[0], v[1], v[2], v[3]);
+	}
+}

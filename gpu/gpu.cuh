@@ -171,7 +171,8 @@ struct gpu_attn_args {
  * scatter: the version before staging; kept to compare). */
 #define GPU_ATTN_WALK 16u
 /* A promise by the caller: every segment and update buffer of every head
- * has g == 1 on both halves, device rows of at most 64 bytes and d_keep
+ * has g == 1 on both halves (or g == 2 on both halves of bf16 rows with an
+ * even d_keep), device rows of at most 64 bytes and d_keep
  * <= 3d/4 (the bench's bf16 r = 32 of 96, 6-bit rows of r <= 80 of 96).
  * PackedAttention then runs the staged path in its 48 KB layout, four CTAs
  * per SM.  A segment that breaks it makes the output NaN (nothing else is

@@ -329,6 +329,34 @@ Test(gpu, packed_small_llama_shape)
 	g_flags = GPU_ATTN_SMALL_ROWS;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
+/* g = 2 bitmaps on bf16 rows (a bit a pair of channels, expand_direct_g2):
+ * the bench's shape otherwise, d 64 with two sub-blocks of 8 a block,
+ * segments of several chunks (k_segrot), in the small layout; r = 40 (80-
+ * byte rows) and d_keep = d in the general one (packed_g2_nodrop and
+ * packed_nq2_full above take it too); the bench's shape on the unstaged
+ * scatter, the path g = 2 took before. */
+Test(gpu, packed_small_g2_llama_shape)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed(128, 4, 2, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_small_g2_d64_b8)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed_rq(64, 3, 2, 1, 8, 0.2, 30, 16, 0);
+}
+Test(gpu, packed_small_g2_long_segments, .timeout = 120)
+{
+	g_seglen = 20000;
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	check_packed_rq(128, 8, 2, 1, 8, 0.6, 5, 32, 0);
+}
+Test(gpu, packed_staged_g2_r40) { check_packed_rq(128, 4, 2, 1, 16, 0.1, 9, 40, 0); }
+Test(gpu, packed_unstaged_g2_llama_shape)
+{
+	g_flags = GPU_ATTN_WALK;
+	check_packed(128, 4, 2, 1, 16, 0.1, 37);
+}
 Test(gpu, packed_small_q6_r80)
 {
 	g_flags = GPU_ATTN_SMALL_ROWS;
@@ -833,7 +861,8 @@ Test(gpu, ws_bytes_any_chunk_width)
 
 /* gpu_seg_small_rows on the device descriptors of real segments
  * (gpu_seg_image, host only: runs without a GPU) against the promise as
- * GPU_ATTN_SMALL_ROWS states it, from the encode options: g = 1, device
+ * GPU_ATTN_SMALL_ROWS states it, from the encode options: g = 1 (or 2 on
+ * bf16 rows), device
  * rows of at most 64 bytes (bf16: 2r; w bits: a bf16 scale and r w-bit
  * fields, padded to 16 bytes), d_keep <= 3d/4. */
 Test(gpu, small_rows_predicate)
@@ -847,7 +876,9 @@ Test(gpu, small_rows_predicate)
 		{128, 82, 1, 0, 6}, /* the serving default, d_keep = d */
 		{128, 84, 1, 1, 6}, /* 65 -> 80 bytes */
 		{128, 40, 1, 1, 0}, /* 80 bytes */
-		{128, 32, 2, 1, 0}, /* g = 2 */
+		{128, 32, 2, 1, 0}, /* g = 2: bf16 rows, yes */
+		{128, 32, 2, 1, 6}, /* g = 2, 6 bits: no */
+		{64, 16, 2, 1, 0},  /* g = 2, d 64: yes */
 		{64, 16, 1, 1, 0},  /* d 64: d_keep 48 */
 		{64, 40, 1, 1, 8},  /* 42 -> 48 bytes */
 		{64, 16, 1, 0, 4},  /* d_keep = d */
@@ -871,7 +902,8 @@ Test(gpu, small_rows_predicate)
 		uint32_t row = f[i].vb ? (2 + (f[i].r * f[i].vb + 7) / 8 + 15) / 16 * 16
 				       : (2 * f[i].r + 15) / 16 * 16;
 		uint32_t dk = f[i].drop ? d - d / 4 : d;
-		int want = f[i].g == 1 && row <= 64 && 4 * dk <= 3 * d;
+		int want = (f[i].g == 1 || (f[i].g == 2 && !f[i].vb)) && row <= 64 &&
+			   4 * dk <= 3 * d;
 		cr_assert_eq(kv.d_keep, dk, "format %zu: d_keep %u", i, kv.d_keep);
 		cr_assert_eq(gpu_seg_small_rows(&sg, d), want, "format %zu (d %u r %u g %u "
 			     "drop %u bits %u): %d, want %d", i, d, f[i].r, f[i].g, f[i].drop,
