@@ -12,7 +12,7 @@ one slot a window) and Quest."""
 import sys
 
 DEFAULT = ["ours_us", "ours_g2", "ours_s8", "g2_s8", "pos_s8", "ours_pos", "oscore", "os_s8",
-           "ours_512", "ours_p1", "quest_us"]
+           "ours_512", "g2_512", "g28_512", "quest_us"]
 
 
 def rows(path):

@@ -21,7 +21,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/attn_sdpa.py > "$OUT/sdpa.txt" 2>&1
   cat "$OUT/sdpa.txt"
   echo "== bench"
-  timeout 200 $B/bench/attn --sdpa "$OUT/sdpa.txt" ${ATTN_ARGS:-} > "$OUT/bench.log" 2>&1
+  timeout ${BENCH_T:-200} $B/bench/attn --sdpa "$OUT/sdpa.txt" ${ATTN_ARGS:-} > "$OUT/bench.log" 2>&1
   cat "$OUT/bench.log"
   echo "== the A/B columns side by side (bench/attn_ab.py)"
   python3 bench/attn_ab.py "$OUT/bench.log" | tee "$OUT/ab.txt"
