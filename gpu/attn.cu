@@ -111,15 +111,24 @@ enum ws_mode { WS_PACKED = 0, WS_QUEST = 1, WS_DENSE = 2 };
  * Blocks per work chunk (a CTA's share of one segment's selection), log2.
  * A wider chunk cuts the fixed work per selected block (the queries'
  * setup, the warps' merge, the partial and its note) but gives fewer CTAs.
- * 512 where the contexts together hold 2^20 blocks or more (eighth
- * session: 7 % faster at 1M tokens, batch 8; 4-25 % slower at batch 1);
+ * 512 where the contexts together hold 2^19 blocks or more (1,024 windows
+ * of 512: ~8 an SM).  The eighth session set 2^20 (7 % faster at 1M
+ * tokens, batch 8; 4-25 % slower at batch 1); since windows split over two
+ * slots and the CTAs run longest first, 512 is the faster at 1M batch 1
+ * too: 6-7 % on three H100 runs (thirty-fourth and thirty-fifth sessions:
+ * 203.2 / 217.1, 205.2 / 219.9, 202.2 / 218.0 µs; g = 2 rows 184.5 /
+ * 198.9) while still 21 % slower at 512K batch 1 (2^18 blocks);
  * below, the widest of 256, 128, 64 whose windows number at least three
  * per SM, so that a small step still spreads over the GPU (sixteenth
  * session, 1M-token H200 bench at 10 %: 32K batch 1 77.4 -> 64.7 µs with
  * 64, 128K batch 1 96.0 -> 82.6 µs with 128; 256 stays best from 256K
  * and at batch 8).  GPU_ATTN_CHUNK_64 .. _512 force one.
  */
-#define CHUNK_WIDE_BLOCKS (1u << 20) /* histories' blocks over all contexts */
+#define CHUNK_WIDE_BLOCKS (1u << 20) /* histories' blocks over all contexts: the
+					* lists (cut_only_of) */
+#define CHUNK_512_BLOCKS (1u << 19)  /* and chunks of 512 (the ours_512 runs
+					* above were cut-only, as every step
+					* below CHUNK_WIDE_BLOCKS is) */
 #define CHUNK_WINS_PER_SM 3
 static uint32_t chunk_lg(const struct gpu_attn_args *a)
 {
@@ -132,7 +141,7 @@ static uint32_t chunk_lg(const struct gpu_attn_args *a)
 	if (a->flags & GPU_ATTN_CHUNK_64)
 		return 6;
 	uint64_t tot = (uint64_t)a->n_heads * a->max_blocks;
-	if (tot >= CHUNK_WIDE_BLOCKS)
+	if (tot >= CHUNK_512_BLOCKS)
 		return 9;
 	int dev = 0, nsm = 0;
 	if (cudaGetDevice(&dev) != cudaSuccess ||

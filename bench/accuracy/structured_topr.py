@@ -22,6 +22,11 @@ Rules, r = --r values per vector (d = 64 on SmolLM2-135M):
            of each (r = N K / M)
   N:M@Ki   the same with the channels dealt to the groups by energy rank
            (group j holds channels j, j + K/M, j + 2K/M, ...)
+  gG@K     the library's g = G rule: groups of G adjacent rotated channels
+           (group j = channels G j .. G j + G - 1) over the first K, the r/G
+           groups of largest energy sum x'_c^2 (segment.c's group_energy);
+           the GPU kernel's g = 2 fast path expands such bitmaps (one bit
+           a pair of channels), so this is the accuracy it costs
 
     python3 capture.py --tokens 8000 --prompts 2 --out /tmp/captures
     python3 structured_topr.py --captures /tmp/captures
@@ -44,6 +49,13 @@ def keep_mask(xr, rule, r):
         np.put_along_axis(m, idx, True, axis=1)
     elif rule[0] == "first":
         m[:, :r] = True
+    elif rule[0] == "grp":  # ("grp", G, K): whole groups by group energy
+        G, k = rule[1:]
+        e = (xr[:, :k] ** 2).reshape(n, k // G, G).sum(2)
+        idx = np.argsort(-e, axis=1, kind="stable")[:, :r // G]
+        gm = np.zeros(e.shape, bool)
+        np.put_along_axis(gm, idx, True, axis=1)
+        m[:, :k] = np.repeat(gm, G, axis=1)
     else:  # ("nm", N, M, K, interleaved)
         N, M, K, inter = rule[1:]
         G = K // M
@@ -77,6 +89,9 @@ def attend(q, k, v):
 def rules_for(d, r):
     dk = 3 * d // 4
     out = [("free", dk), ("free", d), ("first",)]
+    # g = 2 and 4 at both d_keep the bench and the library use (3d/4, d)
+    out += [("grp", G, K) for G in (2, 4) for K in (dk, d)
+            if r % G == 0 and K % G == 0 and r <= K]
     for K in sorted({2 * r, dk, d}):
         for M in (3, 4, 6, 8, 12, 16):
             if K > d or K % M or (r * M) % K:
@@ -92,6 +107,8 @@ def name(rule):
         return f"free@{rule[1]}"
     if rule[0] == "first":
         return "first"
+    if rule[0] == "grp":
+        return f"g{rule[1]}@{rule[2]}"
     return f"{rule[1]}:{rule[2]}@{rule[3]}{'i' if rule[4] else ''}"
 
 

@@ -400,7 +400,7 @@ Test(gpu, packed_long_segments_unstaged, .timeout = 120)
 }
 
 /* Work chunks of 512 blocks (GPU_ATTN_CHUNK_512; by shape the library
- * takes them only where all contexts hold 2^20 blocks or more): up to 15
+ * takes them only where all contexts hold 2^19 blocks or more): up to 15
  * chunks a segment, on the staged path in both layouts and the unstaged
  * one (Quest's: quest_chunk512). */
 Test(gpu, packed_chunk512_long_segments, .timeout = 120)
