@@ -15,6 +15,8 @@ ninja -C $B tests/gpu/test_gpu_attn tests/gpu/test_gpu_pack bench/attn > "$OUT/b
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== tests"
   timeout 150 meson test -C $B --no-rebuild --print-errorlogs test_gpu_attn test_gpu_pack > "$OUT/test.log" 2>&1
+  # the tests' counts (criterion's summaries are in meson's log only)
+  grep -h "Synthesis" $B/meson-logs/testlog.txt >> "$OUT/test.log" 2>/dev/null
   grep -E "^ *[0-9]+/[0-9]+ |Ok:|Fail:|Skipped:" "$OUT/test.log"
   grep -E "\[FAIL\]|Assertion|Synthesis|rel err" "$OUT/test.log" | head -30
 fi

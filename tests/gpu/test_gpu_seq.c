@@ -164,6 +164,7 @@ struct cfg {
 	uint32_t flush_every;     /* mkv_seq_flush every this many tokens */
 	double qscale;            /* query elements ~ N(0, qscale²) */
 	uint32_t sb;              /* mkv_seq_opts.summary_bits (0: 16) */
+	uint32_t g;               /* mkv_seq_opts.g (0: 1) */
 };
 
 static double rel(const float *a, const float *b, size_t n)
@@ -195,7 +196,7 @@ static void run(const struct cfg *c)
 	o.r = c->r;
 	o.value_bits = c->vb;
 	o.adaptive = c->adaptive;
-	o.g = 1;
+	o.g = c->g ? c->g : 1;
 	o.b = 16;
 	o.drop = c->drop;
 	o.store_dtype = MKV_DTYPE_BF16;
@@ -439,6 +440,20 @@ Test(gpu_seq, small_rows_drop, .timeout = 900)
 			.burst_at = 100, .burst = 20, .every = 4, .tol_cpu = 0.15,
 			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 61,
 			.qscale = 0.5};
+	run(&c);
+}
+
+/* The same with g = 2 (a bitmap bit a pair of channels): the staged path's
+ * g = 2 expansion in the small layout, the update buffer compressing pairs
+ * on arrival, against the CPU path over the same segments. */
+Test(gpu_seq, small_rows_g2, .timeout = 900)
+{
+	struct cfg c = {.name = "small_rows_g2", .L = 1, .H = 2, .G = 4, .d = 128, .n0 = 1500,
+			.steps = 300, .prefill_segment = 512, .min_segment = 64,
+			.max_segment = 512, .window = 32, .r = 32, .drop = 1, .frac = 0.2,
+			.burst_at = 100, .burst = 20, .every = 4, .tol_cpu = 0.15,
+			.tol_cpu_mean = 1e-2, .tol_dense = 0, .flush_every = 61,
+			.qscale = 0.5, .g = 2};
 	run(&c);
 }
 
