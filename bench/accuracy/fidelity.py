@@ -88,9 +88,18 @@ def exact_probs(q, k):
     return p / p.sum(1, keepdims=True)
 
 
-def methods(d, chan, frac):
-    r = max(1, int(round(d * chan)))
-    rq = budget_r(d, chan)
+def methods(d, chan, frac, g=1):
+    # --g: every packed method selects whole groups of g adjacent rotated
+    # channels by group energy (the GPU's g = 2 fast path); r must be a
+    # multiple of g, so it is rounded down to one (at d = 64, 25 %: 16 and
+    # 40 already are)
+    r = max(g, int(round(d * chan)) // g * g)
+    rq = max(g, budget_r(d, chan) // g * g)
+    return {k: (dict(kw, g=g) if kw is not None else None, tf)
+            for k, (kw, tf) in _methods(d, r, rq, frac).items()}
+
+
+def _methods(d, r, rq, frac):
     return {
         # name: (segment kwargs or None for Quest, token_frac)
         # the library's defaults: 6-bit rows at the same bytes, S = min(r, d/4)
@@ -109,7 +118,7 @@ def methods(d, chan, frac):
     }
 
 
-def run(paths, seg, window, chan, frac, layers=None):
+def run(paths, seg, window, chan, frac, layers=None, g=1):
     errs, rec = {}, {}
     per_layer, per_layer_rec = {}, {}
     quest_check = 0.0
@@ -127,7 +136,7 @@ def run(paths, seg, window, chan, frac, layers=None):
                 ref = mkv.attend_dense(q, k, v)
                 nref = np.linalg.norm(ref)
                 p = exact_probs(q, k)
-                for name, (kw, tf) in methods(d, chan, frac).items():
+                for name, (kw, tf) in methods(d, chan, frac, g).items():
                     if kw is None:
                         out, _ = mkv.attend_quest(q, k[:nh], v[:nh], k[nh:], v[nh:],
                                                   token_frac=tf)
@@ -165,12 +174,14 @@ def main():
     ap.add_argument("--tokens-frac", type=float, default=0.1)
     ap.add_argument("--per-layer", action="store_true")
     ap.add_argument("--layers", help="comma-separated subset of layers (default all)")
+    ap.add_argument("--g", type=int, default=1,
+                    help="element-group size of the packed methods (1, 2, 4, 8)")
     a = ap.parse_args()
     paths = sorted(p for c in a.captures for p in glob.glob(c))
     errs, per_layer, rec, per_layer_rec, qchk = run(paths, a.segment, a.window,
                                                     a.channels, a.tokens_frac,
                                                     [int(x) for x in a.layers.split(",")]
-                                                    if a.layers else None)
+                                                    if a.layers else None, a.g)
     names = list(errs)
     if a.per_layer:
         print("per layer, mean over KV heads and captures: output relative error / "
