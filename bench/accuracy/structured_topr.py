@@ -27,15 +27,52 @@ Rules, r = --r values per vector (d = 64 on SmolLM2-135M):
            groups of largest energy sum x'_c^2 (segment.c's group_energy);
            the GPU kernel's g = 2 fast path expands such bitmaps (one bit
            a pair of channels), so this is the accuracy it costs
+  g2i@K    g = 2 with other pairs of channels (sorted by variance as the
+  g2r@K    rotation gives them): "i" pairs j with j + K/2 (j < K/2), "r"
+  g2v@K    pairs j with K - 1 - j, "v" pairs per segment, from the
+           segment's own rotated vectors as the encoder would see them
+           at prefill, the channels whose |x'_c| are most correlated over
+           its tokens (greedy: the most correlated free pair first).  A
+           fixed or per-segment pairing is a row permutation of the
+           segment's rotation, so the format and the GPU kernel's g = 2
+           expansion (bit j = channels 2j, 2j + 1 of the permuted
+           rotation) are unchanged: this asks whether another pairing
+           recovers what adjacent pairs lose against free@K
+
+--rules picks rules by name (comma-separated, e.g. free@64,g2@64,g2i@64),
+so a run over a few of them takes minutes instead of ten.
 
     python3 capture.py --tokens 8000 --prompts 2 --out /tmp/captures
     python3 structured_topr.py --captures /tmp/captures
+    python3 structured_topr.py --captures /tmp/captures --rules free@64,g2@64,g2i@64,g2r@64,g2v@64
 """
 import argparse
 
 import numpy as np
 
 from summary_bits import captured_cases, rotation
+
+
+def pairs(xr, k, G, pairing):
+    """The groups (k/G x G channel indices) of the first @k rotated
+    channels under @pairing: "" adjacent, "i" interleaved (G = 2: j and
+    j + k/2), "r" reversed rank (G = 2: j and k - 1 - j), "v" greedy on
+    the correlation of |x'_c| over the rows of @xr (G = 2)."""
+    if pairing == "":
+        return np.arange(k).reshape(k // G, G)
+    if pairing == "i":
+        return np.arange(k).reshape(G, k // G).T
+    if pairing == "r":
+        return np.stack([np.arange(k // 2), k - 1 - np.arange(k // 2)], 1)
+    c = np.nan_to_num(np.corrcoef(np.abs(xr[:, :k]).T), nan=-2.0)
+    iu, ju = np.triu_indices(k, 1)
+    used, out = np.zeros(k, bool), []
+    for t in np.argsort(-c[iu, ju], kind="stable"):
+        i, j = iu[t], ju[t]
+        if not (used[i] or used[j]):
+            used[i] = used[j] = True
+            out.append((i, j))
+    return np.array(out)
 
 
 def keep_mask(xr, rule, r):
@@ -49,13 +86,14 @@ def keep_mask(xr, rule, r):
         np.put_along_axis(m, idx, True, axis=1)
     elif rule[0] == "first":
         m[:, :r] = True
-    elif rule[0] == "grp":  # ("grp", G, K): whole groups by group energy
-        G, k = rule[1:]
-        e = (xr[:, :k] ** 2).reshape(n, k // G, G).sum(2)
+    elif rule[0] == "grp":  # ("grp", G, K, pairing): whole groups by energy
+        G, k, pairing = rule[1:]
+        cols = pairs(xr, k, G, pairing)
+        e = (xr[:, cols] ** 2).sum(2)
         idx = np.argsort(-e, axis=1, kind="stable")[:, :r // G]
         gm = np.zeros(e.shape, bool)
         np.put_along_axis(gm, idx, True, axis=1)
-        m[:, :k] = np.repeat(gm, G, axis=1)
+        m[:, cols.ravel()] = np.repeat(gm, G, axis=1)
     else:  # ("nm", N, M, K, interleaved)
         N, M, K, inter = rule[1:]
         G = K // M
@@ -90,8 +128,11 @@ def rules_for(d, r):
     dk = 3 * d // 4
     out = [("free", dk), ("free", d), ("first",)]
     # g = 2 and 4 at both d_keep the bench and the library use (3d/4, d)
-    out += [("grp", G, K) for G in (2, 4) for K in (dk, d)
+    out += [("grp", G, K, "") for G in (2, 4) for K in (dk, d)
             if r % G == 0 and K % G == 0 and r <= K]
+    # other pairs for g = 2 (row permutations of the rotation)
+    out += [("grp", 2, K, p) for p in ("i", "r", "v") for K in (dk, d)
+            if r % 2 == 0 and K % 2 == 0 and r <= K]
     for K in sorted({2 * r, dk, d}):
         for M in (3, 4, 6, 8, 12, 16):
             if K > d or K % M or (r * M) % K:
@@ -108,7 +149,7 @@ def name(rule):
     if rule[0] == "first":
         return "first"
     if rule[0] == "grp":
-        return f"g{rule[1]}@{rule[2]}"
+        return f"g{rule[1]}{rule[3]}@{rule[2]}"
     return f"{rule[1]}:{rule[2]}@{rule[3]}{'i' if rule[4] else ''}"
 
 
@@ -119,12 +160,19 @@ def main():
     ap.add_argument("--segment", type=int, default=4096)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--r", type=int, default=16)
+    ap.add_argument("--rules", default="",
+                    help="comma-separated rule names to run (default: all)")
     a = ap.parse_args()
+    want = set(a.rules.split(",")) - {""}
     errs = {}
     for k, q, v in captured_cases(a.captures):
         nh = len(k) - a.window
         o = attend(q, k, v)
-        for rule in rules_for(k.shape[1], a.r):
+        rules = [u for u in rules_for(k.shape[1], a.r) if not want or name(u) in want]
+        if want - {name(u) for u in rules}:
+            raise SystemExit(f"no such rule at r = {a.r}: "
+                             f"{sorted(want - {name(u) for u in rules})}")
+        for rule in rules:
             kc, vc = k.copy(), v.copy()
             kc[:nh] = compress(k[:nh], a.segment, rule, a.r)
             vc[:nh] = compress(v[:nh], a.segment, rule, a.r)
