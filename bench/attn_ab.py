@@ -4,14 +4,15 @@ side, with each one's ratio to the first: `python3 bench/attn_ab.py
 bench.log [column ...]` (default: the ordered path's variants).  Reads the
 header row (the line starting with "batch") and every data row under it;
 a column the log lacks prints as "-" (an older binary's table).  The
-default since the thirty-fifth session: the score kernel's even deal
-against its rows (ours_sr, os_sr, g2_sr: GPU_ATTN_SCORE_ROWS), the score
-stages (their ratios to ours_us mean nothing: read their values), the
-formats (g = 2 bitmaps, 8-bit summaries, value positions) and Quest."""
+default since the thirty-fifth session: the formats side by side (g = 2
+bitmaps, 8-bit summaries, value positions, and their combinations), the
+two score stages (their ratios to ours_us mean nothing: read their
+values), the one-run leads of the thirty-fourth session (wider chunks,
+one slot a window) and Quest."""
 import sys
 
-DEFAULT = ["ours_us", "ours_sr", "oscore", "os_sr", "ours_g2", "g2_sr", "g2_s8", "pos_s8",
-           "os_s8", "quest_us"]
+DEFAULT = ["ours_us", "ours_g2", "ours_s8", "g2_s8", "pos_s8", "ours_pos", "oscore", "os_s8",
+           "ours_512", "g2_512", "g28_512", "quest_us"]
 
 
 def rows(path):

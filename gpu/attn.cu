@@ -1078,8 +1078,8 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 }
 
 /*
- * The score: one thread per block of a tile, a run of consecutive tiles
- * per CTA (k_score deals them).  A tile's
+ * The score: one thread per block of a tile, K tiles per CTA (the host
+ * sizes K so that one wave of CTAs covers the contexts).  A tile's
  * summaries are copied to shared memory by cp.async one tile ahead, so
  * each CTA keeps a whole tile's bytes in flight while it scores the
  * previous one; the tiles' descriptors (qrot's) are loaded two ahead.
@@ -1089,26 +1089,25 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  * bound_score_pm either way.
  */
 template <int NQ, bool FM>
-__device__ __forceinline__ void score_range(const struct gpu_head *heads, char *ws,
-					    const struct ws_layout &L, uint32_t hi, uint32_t T0,
-					    uint32_t K, struct score_smem<NQP(NQ)> &sm)
+__global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
+						   struct ws_layout L, uint32_t K)
 {
+	pdl_begin();
 	constexpr int P = NQP(NQ);
-	const struct gpu_head *H = &heads[hi];
+	extern __shared__ __align__(16) unsigned char score_dyn[];
+	struct score_smem<P> &sm = *(struct score_smem<P> *)score_dyn;
+	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t nb = H->n_blocks;
-	uint32_t ntile = (nb + SCORE_T - 1) / SCORE_T;
+	uint32_t ntile = (nb + SCORE_T - 1) / SCORE_T, T0 = blockIdx.x * K;
 	if (T0 >= ntile)
-		return; /* CTA-uniform */
+		return; /* whole CTA */
 	uint32_t nt = min(K, ntile - T0);
-	const struct score_tile *tl = WSP(const struct score_tile, L, tiles, ws, hi) + T0;
-	const float *qpm = WSP(const float, L, qpm, ws, hi);
-	const float *qr = WSP(const float, L, qr, ws, hi);
-	float *scores = WSP(float, L, scores, ws, hi);
-	uint8_t *ntok = WSP(uint8_t, L, ntok, ws, hi);
-	uint32_t *hist = HIST(ws, hi);
-	/* a range before this one (another context's) may still be reading
-	 * its last stage and flushing its histogram */
-	__syncthreads();
+	const struct score_tile *tl = WSP(const struct score_tile, L, tiles, ws, blockIdx.y) + T0;
+	const float *qpm = WSP(const float, L, qpm, ws, blockIdx.y);
+	const float *qr = WSP(const float, L, qr, ws, blockIdx.y);
+	float *scores = WSP(float, L, scores, ws, blockIdx.y);
+	uint8_t *ntok = WSP(uint8_t, L, ntok, ws, blockIdx.y);
+	uint32_t *hist = HIST(ws, blockIdx.y);
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
 		sm.hi[i] = 0;
 	/* prologue: descriptors 0 and 1, then tile 0 */
@@ -1214,50 +1213,11 @@ __device__ __forceinline__ void score_range(const struct gpu_head *heads, char *
 	hist_flush(sm.hi, hist);
 }
 
-/*
- * The contexts' tiles (@tph a context, the padded space: tiles past a
- * context's own blocks are skipped) dealt to the grid's CTAs in runs of
- * floor or ceil of their mean, so each CTA's run differs by at most one
- * tile from any other's; a run that crosses into the next context scores
- * the two parts one after the other.  Why: with one context's tiles a CTA
- * row (K tiles a CTA, ceil(tiles / K) CTAs a context) the grid left SMs
- * with two CTAs beside SMs with three, 12 against 18 tiles at 1M tokens,
- * batch 1 (the SMs' active cycles averaged 0.78 of the busiest's;
- * thirty-fifth session).  The host launches at most one wave (score_grid).
- */
-template <int NQ, bool FM>
-__global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
-						   struct ws_layout L, uint32_t tph, uint32_t nh,
-						   uint32_t kcta)
-{
-	pdl_begin();
-	constexpr int P = NQP(NQ);
-	extern __shared__ __align__(16) unsigned char score_dyn[];
-	struct score_smem<P> &sm = *(struct score_smem<P> *)score_dyn;
-	if (kcta) { /* GPU_ATTN_SCORE_ROWS: kcta tiles of one context a CTA */
-		const uint32_t cph = (tph + kcta - 1) / kcta, hi = blockIdx.x / cph;
-		const uint32_t t0 = blockIdx.x % cph * kcta;
-		if (hi < nh)
-			score_range<NQ, FM>(heads, ws, L, hi, t0, min(kcta, tph - t0), sm);
-		return;
-	}
-	const uint64_t T = (uint64_t)tph * nh;
-	uint64_t g0 = T * blockIdx.x / gridDim.x, g1 = T * (blockIdx.x + 1) / gridDim.x;
-	while (g0 < g1) {
-		const uint32_t hi = (uint32_t)(g0 / tph), t0 = (uint32_t)(g0 % tph);
-		const uint64_t left = g1 - g0;
-		const uint32_t n = left < tph - t0 ? (uint32_t)left : tph - t0;
-		score_range<NQ, FM>(heads, ws, L, hi, t0, n, sm);
-		g0 += n;
-	}
-}
-
-/* k_score's launch (@kern, one of its instances): @K = tiles a context,
- * @gx = CTAs, as many as the GPU holds at once (one wave) or one a tile
- * where the tiles are fewer. */
+/* Tiles per score CTA (@kern, one of k_score's instances): one wave of
+ * CTAs over all contexts. */
 template <int NQ, class KF>
 static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint32_t *gx,
-		      uint32_t *kcta, size_t *smem)
+		      size_t *smem)
 {
 	*smem = sizeof(struct score_smem<NQP(NQ)>);
 	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1268,20 +1228,14 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, SCORE_T, *smem));
 	uint64_t slots = (uint64_t)(nsm > 0 ? nsm : 1) * (per > 0 ? per : 1);
 	uint64_t tph = (a->max_blocks + SCORE_T - 1) / SCORE_T;
-	uint64_t T = tph * a->n_heads;
-	*K = (uint32_t)tph;
-	*kcta = 0;
-	if (a->flags & GPU_ATTN_SCORE_FEW_CTAS)
-		slots = slots < 5 ? slots : 5;
-	*gx = (uint32_t)(T < slots ? T : slots);
-	if (a->flags & GPU_ATTN_SCORE_ROWS) { /* the version before: rows */
-		uint64_t cph = slots / a->n_heads;
-		if (cph < 1)
-			cph = 1;
-		uint64_t k = (tph + cph - 1) / cph;
-		*kcta = (uint32_t)(k < 1 ? 1 : k);
-		*gx = (uint32_t)((tph + *kcta - 1) / *kcta * a->n_heads);
-	}
+	uint64_t cph = slots / a->n_heads;
+	if (cph < 1)
+		cph = 1;
+	uint64_t k = (tph + cph - 1) / cph;
+	if (k < 1)
+		k = 1;
+	*K = (uint32_t)k;
+	*gx = (uint32_t)((tph + k - 1) / k);
 	return 0;
 }
 
@@ -5759,15 +5713,15 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (upto < 2)
 		return 0;
 	if (a->max_blocks) {
-		uint32_t K, gx, kcta;
+		uint32_t K, gx;
 		size_t smem;
 		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true>
 							     : k_score<NQ, false>;
-		int rc = score_grid<NQ>(a, score, &K, &gx, &kcta, &smem);
+		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 		if (rc)
 			return rc;
-		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx), SCORE_T, smem, s, heads, ws, L, K,
-				  a->n_heads, kcta));
+		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
+				  ws, L, K));
 	}
 	if (upto < 3)
 		return 0;

@@ -234,17 +234,10 @@ struct gpu_attn_args {
 /* Block scores (ours and Quest) as two sums of fused products, q⁺·max and
  * q⁻·min, added at the end (bound_score_pm): two FP instructions a channel
  * and head where the CPU's order takes three, and two independent chains;
- * within a few ulps of mkv_score_blocks, not bitwise equal.  Not the
- * default: the score stages measured within noise of it (H100, thirty-
- * fifth session; bench/attn's ours_fma, os_fma, qs_fma); kept to compare. */
+ * within a few ulps of mkv_score_blocks, not bitwise equal.  Not yet the
+ * default: written without a GPU run (bench/attn's ours_fma, os_fma,
+ * qs_fma measure it against the default in one run). */
 #define GPU_ATTN_SCORE_FMA 2097152u
-/* The score kernel's CTAs each over one context's tiles, K a CTA and
- * ceil(tiles / K) CTAs a context (the version before the even deal over
- * all contexts' tiles; kept to compare: bench/attn's ours_sr). */
-#define GPU_ATTN_SCORE_ROWS 4194304u
-/* Tests only: the score kernel on at most 5 CTAs, so that each runs many
- * tiles and most runs cross from one context into the next. */
-#define GPU_ATTN_SCORE_FEW_CTAS 8388608u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

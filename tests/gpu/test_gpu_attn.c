@@ -272,12 +272,6 @@ Test(gpu, packed_llama_shape_fma)
 	g_flags = GPU_ATTN_SCORE_FMA;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
-/* a whole step with the score on at most five CTAs (runs across contexts) */
-Test(gpu, packed_small_few_score_ctas)
-{
-	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_FEW_CTAS;
-	check_packed(128, 4, 1, 1, 16, 0.1, 37);
-}
 /* the first, CUDA-core-only version of the attention kernel */
 Test(gpu, packed_cuda_cores)
 {
@@ -1290,31 +1284,6 @@ Test(gpu, select_d64_nq2) { check_select(64, 2, 0.37, 16, 900); }
 /* the scores as two sums of fused products (GPU_ATTN_SCORE_FMA, the
  * bench's os_fma), staged and not, against the same references and
  * tolerance */
-/* The score kernel on at most five CTAs (GPU_ATTN_SCORE_FEW_CTAS): each
- * runs many tiles and most runs cross into the next context (a second
- * pipeline from its first tile, the histogram flushed between); staged,
- * quantized with the remainder bound, and unstaged; then the version
- * before the even deal (GPU_ATTN_SCORE_ROWS: one context's tiles a CTA). */
-Test(gpu, select_llama_shape_few_score_ctas)
-{
-	g_flags = GPU_ATTN_SCORE_FEW_CTAS;
-	check_select(128, 4, 0.1, 16, 3000);
-}
-Test(gpu, select_rest_s8_q6_few_score_ctas)
-{
-	g_flags = GPU_ATTN_SCORE_FEW_CTAS;
-	check_select_s(128, 4, 0.1, 16, 3000, 8, 6);
-}
-Test(gpu, select_rest_s12_unstaged_few_score_ctas)
-{
-	g_flags = GPU_ATTN_SCORE_FEW_CTAS;
-	check_select_s(128, 4, 0.1, 16, 3000, 12, 0);
-}
-Test(gpu, select_llama_shape_score_rows)
-{
-	g_flags = GPU_ATTN_SCORE_ROWS;
-	check_select(128, 4, 0.1, 16, 3000);
-}
 Test(gpu, select_llama_shape_fma)
 {
 	g_flags = GPU_ATTN_SCORE_FMA;
@@ -1495,11 +1464,6 @@ Test(gpu, select8_llama_shape) { check_select8(128, 4, 0.1, 16, 3000, 32, ~0u); 
 Test(gpu, select8_s16_nq3_b8) { check_select8(128, 3, 0.2, 8, 2000, 16, ~0u); }
 Test(gpu, select8_s24_d64_nq8) { check_select8(64, 8, 0.15, 16, 2000, 24, ~0u); }
 Test(gpu, select8_s8_nq1_b32) { check_select8(128, 1, 0.1, 32, 3000, 8, ~0u); }
-Test(gpu, select8_s8_few_score_ctas) /* the integer score across contexts */
-{
-	g_flags = GPU_ATTN_SCORE_FEW_CTAS;
-	check_select8(128, 4, 0.1, 16, 3000, 8, ~0u);
-}
 /* some segments 8-bit, the others on the bound, in one step */
 Test(gpu, select8_mixed) { check_select8(128, 4, 0.1, 16, 3000, 32, 0x15u); }
 
