@@ -234,9 +234,9 @@ struct gpu_attn_args {
 /* Block scores (ours and Quest) as two sums of fused products, q⁺·max and
  * q⁻·min, added at the end (bound_score_pm): two FP instructions a channel
  * and head where the CPU's order takes three, and two independent chains;
- * within a few ulps of mkv_score_blocks, not bitwise equal.  Not yet the
- * default: written without a GPU run (bench/attn's ours_fma, os_fma,
- * qs_fma measure it against the default in one run). */
+ * within a few ulps of mkv_score_blocks, not bitwise equal.  Not the
+ * default: the score stages measured within noise of it (H100, thirty-
+ * fifth session; bench/attn's ours_fma, os_fma, qs_fma); kept to compare. */
 #define GPU_ATTN_SCORE_FMA 2097152u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
