@@ -92,15 +92,15 @@ KWORK_P = '''		return;
 # tc_cta_st's loop: the first sub-block's rows in (per warp, the latest
 # kept), and the loop's end (earliest as ~clock under atomicMax, latest)
 KLOOP = '''		__syncwarp();
-		st_sub<NQ, D, BF, KC, RB, POS>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb,
-					       st, pl, [&] { refill(0); });
+		st_sub<NQ, D, BF, KC, RB, POS, G>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W,
+						  sm.qb, st, pl, [&] { refill(0); });
 '''
 KLOOP_P = '''		__syncwarp();
 		if (tr_first && lane == 0)
 			atomicMax(&g_tr[blockIdx.y * gridDim.x + blockIdx.x][5], clock64());
 		tr_first = false;
-		st_sub<NQ, D, BF, KC, RB, POS>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W, sm.qb,
-					       st, pl, [&] { refill(0); });
+		st_sub<NQ, D, BF, KC, RB, POS, G>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W,
+						  sm.qb, st, pl, [&] { refill(0); });
 '''
 KLOOP0 = '''	constexpr bool ONE = st_nstages(RB) == 1;
 	for (int cur = 0; i < cnt; cur ^= ONE ? 0 : 1) {
@@ -142,9 +142,9 @@ DUMP = LAUNCH + '''		{
 			}
 		}
 '''
-BONCE = '''			if (once) {
+BONCE = '''				}
 				RC(f_packed(&a, dheads, st));
-'''
+'''  # the end of --once 2's ours_g2, then ours
 
 
 def sub(text, old, new, what):
