@@ -442,6 +442,21 @@ Test(gpu, packed_whole_segments_small_b8)
 	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_256;
 	check_packed_rq(128, 8, 1, 1, 8, 0.2, 5, 32, 0);
 }
+/* the same in chunks of 512, where the select leaves only the cut (the
+ * library's 1M-token decode at batch 1 since the thirty-fifth session:
+ * 4,096-token segments, each one window), bf16 rows with g = 1 and g = 2 */
+Test(gpu, packed_whole_segments_small_chunk512)
+{
+	g_segb = 1;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512;
+	check_packed_rq(128, 8, 1, 1, 8, 0.2, 5, 32, 0);
+}
+Test(gpu, packed_whole_segments_small_chunk512_g2)
+{
+	g_segb = 1;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_512;
+	check_packed_rq(128, 4, 2, 1, 16, 0.1, 37, 32, 0);
+}
 Test(gpu, packed_whole_segments_walk)
 {
 	g_segb = 1;
