@@ -50,14 +50,22 @@ __device__ __forceinline__ uint32_t take_bit(uint32_t wd, uint32_t bit, uint32_t
  * interleave; a test per group made each group its own basic block, so
  * the chains ran one after another (cuobjdump, tenth session). */
 /* Start indices of the bitmap words' values: base[i] = set bits in words
- * below i (the first (NG + 3) / 4 words: NG groups of 8 channels). */
-template <int NG>
-__device__ __forceinline__ void expand_bases(const uint32_t (&bm)[4], uint32_t (&base)[4])
+ * below i, counting the first NW words only. */
+template <int NW>
+__device__ __forceinline__ void word_bases(const uint32_t (&bm)[4], uint32_t (&base)[4])
 {
+	static_assert(NW <= 4, "word_bases: at most 4 words");
 	base[0] = 0;
 #pragma unroll
 	for (int i = 1; i < 4; i++)
-		base[i] = base[i - 1] + (i - 1 < (NG + 3) / 4 ? __popc(bm[i - 1]) : 0u);
+		base[i] = base[i - 1] + (i - 1 < NW ? __popc(bm[i - 1]) : 0u);
+}
+
+/* word_bases for NG groups of 8 channels at g = 1: (NG + 3) / 4 words. */
+template <int NG>
+__device__ __forceinline__ void expand_bases(const uint32_t (&bm)[4], uint32_t (&base)[4])
+{
+	word_bases<(NG + 3) / 4>(bm, base);
 }
 
 /* Group @gi (channels 8 gi .. 8 gi + 7) of a row: its values from shared
@@ -118,13 +126,8 @@ template <int NG, bool FIXED>
 __device__ __forceinline__ void expand_direct_g2(uint32_t src, uint32_t dst,
 						 const uint32_t (&bm)[4], uint32_t nch)
 {
-	constexpr int NW = (NG + 7) / 8; /* bitmap words the groups read */
-	static_assert(NW <= 4, "expand_direct_g2: at most 4 words");
 	uint32_t base[4];
-	base[0] = 0;
-#pragma unroll
-	for (int i = 1; i < 4; i++)
-		base[i] = base[i - 1] + (i - 1 < NW ? __popc(bm[i - 1]) : 0u);
+	word_bases<(NG + 7) / 8>(bm, base); /* 4 bits a group: 8 groups a word */
 #pragma unroll
 	for (int gi = 0; gi < NG; gi++) {
 		if (!FIXED && (uint32_t)gi * 8 >= nch)
