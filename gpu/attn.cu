@@ -447,7 +447,8 @@ __device__ void wins_before_cta(const struct gpu_head *H, uint32_t si, uint32_t 
  * ncu; the CUT = false instance is the kernel of the list-only build. */
 template <int NQ, bool CUT>
 __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, const float *q,
-					      uint32_t d, char *ws, struct ws_layout L)
+					      uint32_t d, char *ws, struct ws_layout L,
+					      uint32_t clear_words)
 {
 	pdl_begin();
 	__shared__ __align__(16) uint16_t Rs[GPU_MAX_D * QROT_LD];
@@ -456,6 +457,38 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	__shared__ uint2 qb[3][GPU_MAX_D / 16][32]; /* the query's B fragments */
 	__shared__ float qn2[8]; /* |q|² per head */
 	static_assert(GPU_MAX_D / 16 * 32 <= 256 && NQ <= 8, "k_qrot: a k-step a warp");
+	/* the step's histograms, select state and segment notes (clear_bytes),
+	 * zeroed by the whole grid, a slice a CTA, where a memset node before
+	 * this kernel was a launch and a dependency of its own in the step's
+	 * chain (the score kernel, which adds into them, starts after this
+	 * grid has completed; nothing in this kernel reads them).  The stores
+	 * go out and are not waited on.  0: the launch cleared them. */
+	if (clear_words) {
+		const size_t nc = (size_t)gridDim.x * gridDim.y * blockDim.x;
+		const size_t t = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x +
+				 threadIdx.x;
+		for (size_t i = t; i < clear_words / 4; i += nc)
+			((uint4 *)ws)[i] = make_uint4(0u, 0u, 0u, 0u);
+		if (t < (clear_words & 3u))
+			((uint32_t *)ws)[clear_words / 4 * 4 + t] = 0u;
+	}
+	/* the query's fragment (below) first: it does not depend on the
+	 * context's segments, so its loads fly beside theirs instead of after
+	 * the rotation's address arrives */
+	const uint32_t ks = threadIdx.x >> 5, ln = threadIdx.x & 31;
+	const uint32_t h = ln >> 2, j = 16 * ks + 2 * (ln & 3);
+	const bool on = ks < d / 16;
+	const float *qh = q + (size_t)blockIdx.y * NQ * d;
+	float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+	if (on && h < NQ) {
+		const float *p = qh + (size_t)h * d + j;
+		if (((uintptr_t)qh & 7) == 0) {
+			const float2 a = *(const float2 *)p, b = *(const float2 *)(p + 8);
+			x[0] = a.x; x[1] = a.y; x[2] = b.x; x[3] = b.y;
+		} else {
+			x[0] = p[0]; x[1] = p[1]; x[2] = p[8]; x[3] = p[9];
+		}
+	}
 	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t si = blockIdx.x, nseg = H->nseg;
 	const struct gpu_seg *sg;
@@ -488,7 +521,6 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	}
 	asm volatile("cp.async.commit_group;");
 	constexpr int P = NQP(NQ);
-	const float *qh = q + (size_t)blockIdx.y * NQ * d;
 	/* the window table (wdesc, for the attention kernel): segment si's
 	 * windows of 1 << cwl blocks come after those of the segments before
 	 * it, counted by every thread (a segment each, all loads in one round
@@ -500,22 +532,9 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	{
 		/* thread t < d / 16 · 32 holds k-step t / 32's four channels of
 		 * head (t % 32) / 4 as the B fragments take them (lane t % 32):
-		 * channels 16ks + 2tig, + 1, + 8, + 9.  Its loads first, then the
-		 * segments' (both in flight together), then the fragments: the
+		 * channels 16ks + 2tig, + 1, + 8, + 9 (x, loaded at the top);
+		 * the segments' loads beside them, then the fragments: the
 		 * query split in three bf16 parts */
-		const uint32_t ks = threadIdx.x >> 5, ln = threadIdx.x & 31;
-		const uint32_t h = ln >> 2, j = 16 * ks + 2 * (ln & 3);
-		const bool on = ks < d / 16;
-		float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-		if (on && h < NQ) {
-			const float *p = qh + (size_t)h * d + j;
-			if (((uintptr_t)qh & 7) == 0) {
-				const float2 a = *(const float2 *)p, b = *(const float2 *)(p + 8);
-				x[0] = a.x; x[1] = a.y; x[2] = b.x; x[3] = b.y;
-			} else {
-				x[0] = p[0]; x[1] = p[1]; x[2] = p[8]; x[3] = p[9];
-			}
-		}
 		if (CUT)
 			wins_before_cta(H, si, L.cwl, wpart);
 		/* qperp's |q|² (the CPU's order: sequential, unfused) while R_k
@@ -5704,11 +5723,16 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 			       struct ws_layout &L, cudaStream_t s, int upto = 3)
 {
 	char *ws = (char *)a->ws;
-	/* the score kernel adds into the histograms: clear them (one memset
-	 * node in a graph, spread over the whole GPU) */
-	GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
+	/* the score kernel adds into the histograms: k_qrot clears them
+	 * (GPU_ATTN_CLEAR_MEMSET: a memset node before it, the version before) */
+	uint32_t clear_words = (uint32_t)(clear_bytes(a) / 4);
+	if ((a->flags & GPU_ATTN_CLEAR_MEMSET) || clear_bytes(a) / 4 >= UINT32_MAX / 2) {
+		GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
+		clear_words = 0;
+	}
 	auto qrot = L.cut_only ? k_qrot<NQ, true> : k_qrot<NQ, false>;
-	qrot<<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d, ws, L);
+	qrot<<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d, ws, L,
+							      clear_words);
 	GPU_CKL();
 	if (upto < 2)
 		return 0;

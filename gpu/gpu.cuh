@@ -238,6 +238,10 @@ struct gpu_attn_args {
  * default: the score stages measured within noise of it (H100, thirty-
  * fifth session; bench/attn's ours_fma, os_fma, qs_fma); kept to compare. */
 #define GPU_ATTN_SCORE_FMA 2097152u
+/* The step's histograms and select state are cleared by a memset before
+ * the first kernel (the version before k_qrot cleared them itself, a
+ * slice a CTA, one launch fewer in the step's chain; kept to compare). */
+#define GPU_ATTN_CLEAR_MEMSET 4194304u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

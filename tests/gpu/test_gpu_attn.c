@@ -23,6 +23,7 @@ static uint32_t g_sum8;  /* segments given 8-bit summaries (bit s: segment s) */
 static size_t g_seglen = 700; /* check_packed_rq's segments: g_seglen .. 2 g_seglen tokens */
 static int g_segb; /* check_packed_rq tells gpu_attn_args.max_seg_blocks */
 static uint32_t g_cmp; /* check_dense runs again with flags ^ g_cmp: the same bits */
+static int g_poison; /* run_args poisons the whole scratch after gpu_attn_ws_init */
 
 struct run {
 	uint32_t H, nq, d;
@@ -73,6 +74,8 @@ static void run_args(struct run *r, uint32_t max_segs, uint32_t max_blocks, uint
 	GU_CK(cudaMemset(r->ws, 0xff, a->ws_bytes)); /* poison */
 	a->ws = r->ws;
 	cr_assert_eq(gpu_attn_ws_init(a, 0), 0);
+	if (g_poison) /* a step must clear what it adds into itself */
+		GU_CK(cudaMemset(r->ws, 0xff, a->ws_bytes));
 }
 
 static void run_fetch(struct run *r)
@@ -267,6 +270,28 @@ Test(gpu, packed_nq8_b32_g4) { check_packed(128, 8, 4, 1, 32, 0.15, 5); }
 Test(gpu, packed_nq1_b64) { check_packed(128, 1, 1, 0, 64, 0.3, 16); }
 Test(gpu, packed_nq2_full) { check_packed(64, 2, 2, 1, 16, 1.0, 20); }
 /* a step with the scores as two sums of fused products (GPU_ATTN_SCORE_FMA) */
+/* A step on a scratch whose histograms, select state and segment notes
+ * hold garbage (every byte 0xff after gpu_attn_ws_init): k_qrot clears
+ * them (or, with GPU_ATTN_CLEAR_MEMSET, a memset before it); one CTA's
+ * select and many CTAs' (whose tickets and counters are in that state) */
+Test(gpu, packed_poisoned_state)
+{
+	g_poison = 1;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_poisoned_state_many_ctas)
+{
+	g_poison = 1;
+	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SMALL_ROWS;
+	check_packed(128, 4, 1, 1, 16, 0.15, 20);
+}
+Test(gpu, packed_poisoned_state_memset)
+{
+	g_poison = 1;
+	g_flags = GPU_ATTN_CLEAR_MEMSET | GPU_ATTN_SELECT_MANY_CTAS;
+	check_packed(64, 2, 1, 0, 8, 0.2, 5);
+}
+
 Test(gpu, packed_llama_shape_fma)
 {
 	g_flags = GPU_ATTN_SCORE_FMA;
