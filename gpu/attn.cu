@@ -439,6 +439,24 @@ __device__ void wins_before_cta(const struct gpu_head *H, uint32_t si, uint32_t 
 		wpart[threadIdx.x >> 5] = wn;
 }
 
+/* The step's histograms, select state and segment notes (clear_bytes),
+ * zeroed by k_qrot's whole grid, a slice a CTA, where a memset node before
+ * it was a launch and a dependency of its own in the step's chain (the
+ * score kernel, which adds into them, starts after that grid has
+ * completed; k_qrot reads none of them).  The stores go out and are not
+ * waited on.  @clear_words 0: the launch cleared them (GPU_ATTN_CLEAR_MEMSET). */
+__device__ __forceinline__ void qrot_clear(char *ws, uint32_t clear_words)
+{
+	if (!clear_words)
+		return;
+	const size_t nc = (size_t)gridDim.x * gridDim.y * blockDim.x;
+	const size_t t = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+	for (size_t i = t; i < clear_words / 4; i += nc)
+		((uint4 *)ws)[i] = make_uint4(0u, 0u, 0u, 0u);
+	if (t < (clear_words & 3u))
+		((uint32_t *)ws)[clear_words / 4 * 4 + t] = 0u;
+}
+
 /* CUT: the step leaves only the cut (L.cut_only), so qrot also writes the
  * window table.  A separate instance, not a run-time test: on the H200 the
  * list-mode step (1M tokens, batch 8) measured its score stage ~70 µs
@@ -457,21 +475,6 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	__shared__ uint2 qb[3][GPU_MAX_D / 16][32]; /* the query's B fragments */
 	__shared__ float qn2[8]; /* |q|² per head */
 	static_assert(GPU_MAX_D / 16 * 32 <= 256 && NQ <= 8, "k_qrot: a k-step a warp");
-	/* the step's histograms, select state and segment notes (clear_bytes),
-	 * zeroed by the whole grid, a slice a CTA, where a memset node before
-	 * this kernel was a launch and a dependency of its own in the step's
-	 * chain (the score kernel, which adds into them, starts after this
-	 * grid has completed; nothing in this kernel reads them).  The stores
-	 * go out and are not waited on.  0: the launch cleared them. */
-	if (clear_words) {
-		const size_t nc = (size_t)gridDim.x * gridDim.y * blockDim.x;
-		const size_t t = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x +
-				 threadIdx.x;
-		for (size_t i = t; i < clear_words / 4; i += nc)
-			((uint4 *)ws)[i] = make_uint4(0u, 0u, 0u, 0u);
-		if (t < (clear_words & 3u))
-			((uint32_t *)ws)[clear_words / 4 * 4 + t] = 0u;
-	}
 	/* the query's fragment (below) first: it does not depend on the
 	 * context's segments, so its loads fly beside theirs instead of after
 	 * the rotation's address arrives */
@@ -507,6 +510,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 				WSP(uint32_t, L, wdesc, ws, blockIdx.y)[WDESC_COUNT(L.max_chunks)] = n;
 			}
 		}
+		qrot_clear(ws, clear_words);
 		return;
 	}
 	const uint16_t *R = sg->k_rot;
@@ -520,6 +524,7 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 			     "l"(R + (size_t)c * d + k * 8));
 	}
 	asm volatile("cp.async.commit_group;");
+	qrot_clear(ws, clear_words); /* behind the loads that the CTA waits on */
 	constexpr int P = NQP(NQ);
 	/* the window table (wdesc, for the attention kernel): segment si's
 	 * windows of 1 << cwl blocks come after those of the segments before
@@ -541,13 +546,24 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 		 * is in flight, by the last warp (idle in the product when d_keep
 		 * <= 112); after the product it was a 128-step chain the CTA
 		 * waited on: 51 -> 41 µs a layer at 1M tokens with the rest of
-		 * this change (gpu/NOTES.md, twenty-sixth session) */
+		 * this change (gpu/NOTES.md, twenty-sixth session).  From the
+		 * fragments' values staged in qrs (free until the product): read
+		 * from global memory it was d / 16 round trips, a batch of 16
+		 * loads each, in one thread */
+		if (on && h < NQ) {
+			float *qq = qrs + h * d + j;
+			qq[0] = x[0];
+			qq[1] = x[1];
+			qq[8] = x[2];
+			qq[9] = x[3];
+		}
+		__syncthreads();
 		if (threadIdx.x >= 224 && threadIdx.x < 224 + NQ) {
 			const uint32_t hq = threadIdx.x - 224;
 			float n2 = 0.0f;
 #pragma unroll 16
 			for (uint32_t jj = 0; jj < d; jj++)
-				n2 = __fadd_rn(n2, __fmul_rn(qh[hq * d + jj], qh[hq * d + jj]));
+				n2 = __fadd_rn(n2, __fmul_rn(qrs[hq * d + jj], qrs[hq * d + jj]));
 			qn2[hq] = n2;
 		}
 		if (on) {
