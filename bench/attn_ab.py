@@ -9,11 +9,12 @@ bitmaps, 8-bit summaries, value positions, and their combinations), the
 two score stages (their ratios to ours_us mean nothing: read their
 values), the one-run leads of the thirty-fourth session (wider chunks,
 one slot a window) and Quest; since the thirty-sixth session the clear's
-memset node beside it (ours_cm, os_cm, g28_cm)."""
+memset node beside it (ours_cm, os_cm, g28_cm) and the score kernel
+without its early loads (ours_np, os_np, g28_np)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_cm", "ours_g2", "g2_s8", "g28_cm", "ours_s8", "oscore", "os_cm",
-           "os_s8", "ours_512", "g2_512", "quest_us"]
+DEFAULT = ["ours_us", "ours_np", "ours_cm", "ours_g2", "g2_s8", "g28_np", "oscore", "os_np",
+           "os_cm", "os_s8", "ours_s8", "quest_us"]
 
 
 def rows(path):

@@ -413,6 +413,34 @@ __device__ __forceinline__ bool seg_q8(const struct gpu_seg *sg)
 	       sg->S <= sg->k_dk;
 }
 
+/* Score tile @t's descriptor (struct score_tile) for segment @si (@sg, a
+ * history segment holding the tile's first block, t · SCORE_T).  k_qrot
+ * writes every tile's; k_score builds its first two itself before its
+ * programmatic-launch wait (the segments are the caller's, not k_qrot's). */
+__device__ __forceinline__ struct score_tile score_tile_of(const struct gpu_seg *sg, uint32_t si,
+							   uint32_t t)
+{
+	struct score_tile x = {};
+	x.j0 = t * SCORE_T - sg->block0;
+	x.S = sg->S;
+	x.mn = sg->s_min + (size_t)x.j0 * x.S;
+	x.mx = sg->s_max + (size_t)x.j0 * x.S;
+	x.rest = sg->s_rest ? sg->s_rest + x.j0 : NULL;
+	x.si = si;
+	x.nrow = min(SCORE_T, sg->n_blocks - x.j0);
+	x.b = sg->b;
+	x.n = sg->n;
+	x.staged = x.S <= SCORE_SMAX && x.S <= sg->k_dk && (x.S & 7) == 0 &&
+		   (((uintptr_t)x.mn | (uintptr_t)x.mx) & 15) == 0;
+	if (seg_q8(sg)) {
+		x.r8 = (const uint4 *)(sg->s8 + (size_t)x.j0 * 2 * x.S);
+		x.sc8 = sg->s8_scale + x.j0;
+		x.q8 = 1;
+		x.staged = ((uintptr_t)x.r8 & 15) == 0;
+	}
+	return x;
+}
+
 /* Words of a segment's 8-bit query in the qpm region: S / 4 channel
  * words of max(qi, 0) and min(qi, 0) for P heads, then P scales. */
 __host__ __device__ constexpr uint32_t q8_words(uint32_t S, uint32_t P)
@@ -608,27 +636,8 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 		struct score_tile *tl = WSP(struct score_tile, L, tiles, ws, blockIdx.y);
 		uint32_t t0 = (sg->block0 + SCORE_T - 1) / SCORE_T;
 		uint32_t t1 = (sg->block0 + sg->n_blocks + SCORE_T - 1) / SCORE_T;
-		for (uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
-			struct score_tile x = {};
-			x.j0 = t * SCORE_T - sg->block0;
-			x.S = sg->S;
-			x.mn = sg->s_min + (size_t)x.j0 * x.S;
-			x.mx = sg->s_max + (size_t)x.j0 * x.S;
-			x.rest = sg->s_rest ? sg->s_rest + x.j0 : NULL;
-			x.si = si;
-			x.nrow = min(SCORE_T, sg->n_blocks - x.j0);
-			x.b = sg->b;
-			x.n = sg->n;
-			x.staged = x.S <= SCORE_SMAX && x.S <= dk && (x.S & 7) == 0 &&
-				   (((uintptr_t)x.mn | (uintptr_t)x.mx) & 15) == 0;
-			if (q8) {
-				x.r8 = (const uint4 *)(sg->s8 + (size_t)x.j0 * 2 * x.S);
-				x.sc8 = sg->s8_scale + x.j0;
-				x.q8 = 1;
-				x.staged = ((uintptr_t)x.r8 & 15) == 0;
-			}
-			tl[t] = x;
-		}
+		for (uint32_t t = t0 + threadIdx.x; t < t1; t += blockDim.x)
+			tl[t] = score_tile_of(sg, si, t);
 	}
 	/* q' = R_k q on tensor cores: R_k (bf16, in Rs) is A, warp w its rows
 	 * 16w .. 16w + 15; the query is B, n-tile `part` holding that part
@@ -729,6 +738,29 @@ __device__ __forceinline__ uint32_t seg_of_block(const struct gpu_seg *segs, uin
 						 uint32_t gb)
 {
 	return last_le(segs, nseg, &gpu_seg::block0, gb);
+}
+
+/* seg_of_block by a whole warp (every lane gets it): a sample of 32 of
+ * the segments' starts, then the ≤ 32 between two samples, two round
+ * trips (one up to 32 segments) where the binary search takes log2(nseg)
+ * dependent loads; past 1,024 segments the lanes' first pick narrows
+ * seg_of_block's search. */
+__device__ __forceinline__ uint32_t seg_of_block_warp(const struct gpu_seg *segs, uint32_t nseg,
+						      uint32_t gb)
+{
+	const uint32_t lane = threadIdx.x & 31, step = (nseg + 31) / 32;
+	uint32_t k = min(lane * step, nseg - 1);
+	uint32_t m = __ballot_sync(0xffffffffu, lane * step < nseg && segs[k].block0 <= gb) | 1u;
+	const uint32_t base = (31 - __clz(m)) * step;
+	if (step == 1)
+		return base;
+	if (step > 32) {
+		const uint32_t end = min(nseg, base + step);
+		return base + seg_of_block(segs + base, end - base, gb);
+	}
+	k = min(base + lane, nseg - 1);
+	m = __ballot_sync(0xffffffffu, lane < step && segs[k].block0 <= gb) | 1u;
+	return base + (31 - __clz(m));
 }
 
 /* Row of channel c in a split query: q⁺ then q⁻, P floats each (all
@@ -1040,27 +1072,44 @@ __device__ __forceinline__ void score_desc(struct score_smem<P> &sm, const struc
  * rows (1, 2 or 4 pieces a row) touch 8 distinct bank groups. */
 __device__ __forceinline__ uint32_t sw16(uint32_t p) { return p ^ ((p >> 3) & 7); }
 
+/* A tile's summaries (the caller's: may be issued before the programmatic-
+ * launch wait) ... */
 template <int P>
-__device__ __forceinline__ void score_issue(struct score_stage<P> &st, const struct score_tile &t,
-					   const float *qpm)
+__device__ __forceinline__ void score_issue_rows(struct score_stage<P> &st,
+						const struct score_tile &t)
 {
 	if (!t.staged)
 		return;
-	if (t.q8) { /* 2S bytes a row, the rows after one another; the 8-bit query */
-		uint32_t np = t.nrow * (t.S / 8);
+	uint32_t np = t.nrow * (t.S / 8);
+	if (t.q8) { /* 2S bytes a row, the rows after one another */
 		for (uint32_t p = threadIdx.x; p < np; p += SCORE_T)
 			cp16(&st.mn[sw16(p)], t.r8 + p);
-		for (uint32_t p = threadIdx.x; p < (q8_words(t.S, P) + 3) / 4; p += SCORE_T)
-			cp16(&st.q[4 * p], qpm + 4 * p);
 		return;
 	}
-	uint32_t np = t.nrow * (t.S / 8);
 	for (uint32_t p = threadIdx.x; p < np; p += SCORE_T) {
 		cp16(&st.mn[sw16(p)], t.mn + 8 * p);
 		cp16(&st.mx[sw16(p)], t.mx + 8 * p);
 	}
-	for (uint32_t p = threadIdx.x; p < t.S * 2 * P / 4; p += SCORE_T)
+}
+
+/* ... and its segment's split (or 8-bit) query, which k_qrot writes. */
+template <int P>
+__device__ __forceinline__ void score_issue_q(struct score_stage<P> &st, const struct score_tile &t,
+					     const float *qpm)
+{
+	if (!t.staged)
+		return;
+	const uint32_t nq = t.q8 ? (q8_words(t.S, P) + 3) / 4 : t.S * 2 * P / 4;
+	for (uint32_t p = threadIdx.x; p < nq; p += SCORE_T)
 		cp16(&st.q[4 * p], qpm + 4 * p);
+}
+
+template <int P>
+__device__ __forceinline__ void score_issue(struct score_stage<P> &st, const struct score_tile &t,
+					   const float *qpm)
+{
+	score_issue_rows<P>(st, t);
+	score_issue_q<P>(st, t, qpm);
 }
 
 /* A block scored from global memory: a tile that is not staged (@here),
@@ -1125,17 +1174,19 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  */
 template <int NQ, bool FM>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
-						   struct ws_layout L, uint32_t K)
+						   struct ws_layout L, uint32_t K, uint32_t pre)
 {
-	pdl_begin();
+	pdl_trigger();
 	constexpr int P = NQP(NQ);
 	extern __shared__ __align__(16) unsigned char score_dyn[];
 	struct score_smem<P> &sm = *(struct score_smem<P> *)score_dyn;
 	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t nb = H->n_blocks;
 	uint32_t ntile = (nb + SCORE_T - 1) / SCORE_T, T0 = blockIdx.x * K;
-	if (T0 >= ntile)
-		return; /* whole CTA */
+	if (T0 >= ntile) {
+		pdl_wait(); /* whole CTA */
+		return;
+	}
 	uint32_t nt = min(K, ntile - T0);
 	const struct score_tile *tl = WSP(const struct score_tile, L, tiles, ws, blockIdx.y) + T0;
 	const float *qpm = WSP(const float, L, qpm, ws, blockIdx.y);
@@ -1145,15 +1196,41 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	uint32_t *hist = HIST(ws, blockIdx.y);
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
 		sm.hi[i] = 0;
-	/* prologue: descriptors 0 and 1, then tile 0 */
-	score_desc<P>(sm, tl, 0);
-	if (nt > 1)
-		score_desc<P>(sm, tl, 1);
-	asm volatile("cp.async.commit_group;");
-	asm volatile("cp.async.wait_group 0;" ::: "memory");
-	__syncthreads();
-	score_issue<P>(sm.st[0], sm.d[0], qpm + (size_t)sm.d[0].si * QPM_FLOATS(P));
-	asm volatile("cp.async.commit_group;");
+	/* prologue.  @pre: the first two tiles' descriptors are built here
+	 * (score_tile_of, the segment by a search in the caller's table, as
+	 * k_qrot builds them) and their summaries issued into both stages
+	 * before the programmatic-launch wait, so that where the CTA is
+	 * resident while k_qrot runs (small steps: k_qrot's grid is a segment
+	 * a CTA) those bytes arrive meanwhile; only the queries wait for
+	 * k_qrot.  Else descriptors 0 and 1 from k_qrot's table, then tile 0 */
+	const uint32_t npre = pre && H->nseg ? min(nt, 2u) : 0u;
+	if (npre) {
+		const uint32_t w = threadIdx.x >> 5;
+		if (w < npre) { /* a warp a tile */
+			const uint32_t t = T0 + w;
+			const uint32_t si = seg_of_block_warp(H->segs, H->nseg, t * SCORE_T);
+			if ((threadIdx.x & 31) == 0)
+				sm.d[w] = score_tile_of(&H->segs[si], si, t);
+		}
+		__syncthreads();
+		score_issue_rows<P>(sm.st[0], sm.d[0]);
+		if (npre > 1)
+			score_issue_rows<P>(sm.st[1], sm.d[1]);
+		asm volatile("cp.async.commit_group;");
+		pdl_wait();
+		score_issue_q<P>(sm.st[0], sm.d[0], qpm + (size_t)sm.d[0].si * QPM_FLOATS(P));
+		asm volatile("cp.async.commit_group;");
+	} else {
+		pdl_wait();
+		score_desc<P>(sm, tl, 0);
+		if (nt > 1)
+			score_desc<P>(sm, tl, 1);
+		asm volatile("cp.async.commit_group;");
+		asm volatile("cp.async.wait_group 0;" ::: "memory");
+		__syncthreads();
+		score_issue<P>(sm.st[0], sm.d[0], qpm + (size_t)sm.d[0].si * QPM_FLOATS(P));
+		asm volatile("cp.async.commit_group;");
+	}
 	const uint32_t row = threadIdx.x;
 	for (uint32_t i = 0; i < nt; i++) {
 		/* the row's remainder bound and 8-bit scale, issued before the
@@ -1177,7 +1254,11 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 		__syncthreads();
 		if (i + 1 < nt) {
 			const struct score_tile &dn = sm.d[(i + 1) & 3];
-			score_issue<P>(sm.st[(i + 1) & 1], dn, qpm + (size_t)dn.si * QPM_FLOATS(P));
+			const float *qn = qpm + (size_t)dn.si * QPM_FLOATS(P);
+			if (i + 1 < npre) /* its rows are on the way */
+				score_issue_q<P>(sm.st[(i + 1) & 1], dn, qn);
+			else
+				score_issue<P>(sm.st[(i + 1) & 1], dn, qn);
 		}
 		if (i + 2 < nt)
 			score_desc<P>(sm, tl, i + 2);
@@ -5761,7 +5842,7 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		if (rc)
 			return rc;
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
-				  ws, L, K));
+				  ws, L, K, (uint32_t)!(a->flags & GPU_ATTN_SCORE_NO_PRE)));
 	}
 	if (upto < 3)
 		return 0;

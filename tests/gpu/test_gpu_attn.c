@@ -1586,7 +1586,7 @@ static void synth_build(struct synth1m *m, struct gu_rng *rng, uint32_t nb, uint
 			uint32_t groups)
 {
 	memset(m, 0, sizeof *m);
-	cr_assert(nseg >= 1 && nseg <= 16 && nb % nseg == 0);
+	cr_assert(nseg >= 1 && nseg <= 4096 && nb % nseg == 0);
 	m->nb = nb, m->b = 16, m->S = 32, m->d = 128, m->nq = 4, m->dk = 96, m->nseg = nseg;
 	const uint32_t S = m->S, bps = nb / m->nseg;
 	m->mn = malloc(2 * (size_t)nb * S);
@@ -1618,8 +1618,8 @@ static void synth_build(struct synth1m *m, struct gu_rng *rng, uint32_t nb, uint
 	m->dmn = gu_upload(m->mn, 2 * (size_t)nb * S);
 	m->dmx = gu_upload(m->mx, 2 * (size_t)nb * S);
 	m->drot = gu_upload(m->rot, 2 * (size_t)m->dk * m->d);
-	struct gpu_seg segs[16];
-	memset(segs, 0, sizeof segs);
+	struct gpu_seg *segs = calloc(m->nseg, sizeof *segs);
+	cr_assert(segs);
 	for (uint32_t s = 0; s < m->nseg; s++) {
 		segs[s].k_rot = m->drot;
 		segs[s].v_rot = m->drot;
@@ -1632,7 +1632,8 @@ static void synth_build(struct synth1m *m, struct gu_rng *rng, uint32_t nb, uint
 		segs[s].k_dk = segs[s].v_dk = m->dk;
 		segs[s].block0 = s * bps;
 	}
-	m->hh.segs = gu_upload(segs, sizeof segs);
+	m->hh.segs = gu_upload(segs, sizeof *segs * m->nseg);
+	free(segs);
 	m->hh.nseg = m->nseg;
 	m->hh.n_blocks = nb;
 	m->hh.n_hist = (uint64_t)nb * m->b;
@@ -1673,17 +1674,18 @@ static void synth1m_free(struct synth1m *m)
 	cudaFree((void *)m->hh.segs);
 }
 
-/* 65,536 blocks of 16 in one context (1M tokens): synthetic summaries
- * with uploaded scores checked against a CPU sort. */
-Test(gpu, select_1m_tokens)
+/* @nb blocks of 16 in @nseg equal segments of one context: synthetic
+ * summaries, the GPU's scores checked against the CPU's, its selection
+ * against the rule on those scores. */
+static void check_synth_select(uint32_t nb, uint32_t nseg)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
 	struct synth1m m;
-	synth1m_build(&m, &rng, 0);
-	const uint32_t nb = m.nb, b = m.b, d = m.d, nq = m.nq, nseg = m.nseg;
+	synth_build(&m, &rng, nb, nseg, 0);
+	const uint32_t b = m.b, d = m.d, nq = m.nq;
 	struct run r;
 	run_init(&r, &rng, 1, nq, d, 0.1);
 	run_args(&r, nseg, nb, 0, 16);
@@ -1723,6 +1725,26 @@ Test(gpu, select_1m_tokens)
 	free(gsel);
 	synth1m_free(&m);
 	run_free(&r);
+}
+
+/* 65,536 blocks of 16 in one context (1M tokens), 16 segments */
+Test(gpu, select_1m_tokens) { check_synth_select(65536, 16); }
+/* Segments past 32 and past 1,024 (k_score finds its first tiles' segments
+ * by seg_of_block_warp: one sample round, then two, then a search within
+ * the sampled range), segments not a whole number of score tiles (rows
+ * past a tile's segment) and, with GPU_ATTN_SCORE_NO_PRE, the version
+ * before (descriptors from k_qrot's table after the wait). */
+Test(gpu, select_40_segments) { check_synth_select(64000, 40); }
+Test(gpu, select_1030_segments) { check_synth_select(65920, 1030); }
+Test(gpu, select_1030_segments_no_pre)
+{
+	g_flags = GPU_ATTN_SCORE_NO_PRE;
+	check_synth_select(65920, 1030);
+}
+Test(gpu, select_40_segments_many_ctas)
+{
+	g_flags = GPU_ATTN_SELECT_MANY_CTAS;
+	check_synth_select(64000, 40);
 }
 
 /* One head's selection as the scratch holds it after a score+select. */
