@@ -10,10 +10,10 @@ two score stages (their ratios to ours_us mean nothing: read their
 values), the one-run leads of the thirty-fourth session (wider chunks,
 one slot a window) and Quest; since the thirty-sixth session the clear's
 memset node beside it (ours_cm, os_cm, g28_cm) and the score kernel
-without its early loads (ours_np, os_np, g28_np)."""
+with its early loads (ours_pre, os_pre, g28_pre: GPU_ATTN_SCORE_PRE)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_np", "ours_cm", "ours_g2", "g2_s8", "g28_np", "oscore", "os_np",
+DEFAULT = ["ours_us", "ours_pre", "ours_cm", "ours_g2", "g2_s8", "g28_pre", "oscore", "os_pre",
            "os_cm", "os_s8", "ours_s8", "quest_us"]
 
 

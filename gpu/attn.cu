@@ -1196,7 +1196,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	uint32_t *hist = HIST(ws, blockIdx.y);
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
 		sm.hi[i] = 0;
-	/* prologue.  @pre: the first two tiles' descriptors are built here
+	/* prologue.  @pre (GPU_ATTN_SCORE_PRE): the first two tiles' descriptors are built here
 	 * (score_tile_of, the segment by a search in the caller's table, as
 	 * k_qrot builds them) and their summaries issued into both stages
 	 * before the programmatic-launch wait, so that where the CTA is
@@ -5842,7 +5842,7 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		if (rc)
 			return rc;
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
-				  ws, L, K, (uint32_t)!(a->flags & GPU_ATTN_SCORE_NO_PRE)));
+				  ws, L, K, (uint32_t)!!(a->flags & GPU_ATTN_SCORE_PRE)));
 	}
 	if (upto < 3)
 		return 0;

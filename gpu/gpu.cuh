@@ -242,10 +242,14 @@ struct gpu_attn_args {
  * the first kernel (the version before k_qrot cleared them itself, a
  * slice a CTA, one launch fewer in the step's chain; kept to compare). */
 #define GPU_ATTN_CLEAR_MEMSET 4194304u
-/* The score kernel waits for k_qrot before it builds or loads anything
- * (the version before each CTA built its first two tiles' descriptors and
- * issued their summaries ahead of that wait; kept to compare). */
-#define GPU_ATTN_SCORE_NO_PRE 8388608u
+/* Each score CTA builds its first two tiles' descriptors and issues their
+ * summaries before it waits for k_qrot (by default it waits before it
+ * builds or loads anything).  Not the default: on the H100 (thirty-sixth
+ * session, three runs) the step at 512K tokens, batch 1, was 3 % faster
+ * with it and at 256K 3-4 % slower (there every score CTA is resident
+ * while k_qrot runs, and their loads share the DRAM with k_qrot's), at 1M
+ * the same; kept to measure on other shapes and cards. */
+#define GPU_ATTN_SCORE_PRE 8388608u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

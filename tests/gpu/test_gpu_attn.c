@@ -1729,22 +1729,44 @@ static void check_synth_select(uint32_t nb, uint32_t nseg)
 
 /* 65,536 blocks of 16 in one context (1M tokens), 16 segments */
 Test(gpu, select_1m_tokens) { check_synth_select(65536, 16); }
-/* Segments past 32 and past 1,024 (k_score finds its first tiles' segments
- * by seg_of_block_warp: one sample round, then two, then a search within
- * the sampled range), segments not a whole number of score tiles (rows
- * past a tile's segment) and, with GPU_ATTN_SCORE_NO_PRE, the version
- * before (descriptors from k_qrot's table after the wait). */
+/* Segments past 32 and past 1,024, segments not a whole number of score
+ * tiles (rows past a tile's segment); with GPU_ATTN_SCORE_PRE k_score
+ * finds its first tiles' segments itself (seg_of_block_warp: one sample
+ * round, then two, then a search within the sampled range) and builds
+ * their descriptors as k_qrot does. */
 Test(gpu, select_40_segments) { check_synth_select(64000, 40); }
 Test(gpu, select_1030_segments) { check_synth_select(65920, 1030); }
-Test(gpu, select_1030_segments_no_pre)
+Test(gpu, select_16_segments_pre)
 {
-	g_flags = GPU_ATTN_SCORE_NO_PRE;
+	g_flags = GPU_ATTN_SCORE_PRE;
+	check_synth_select(65536, 16);
+}
+Test(gpu, select_40_segments_pre)
+{
+	g_flags = GPU_ATTN_SCORE_PRE;
+	check_synth_select(64000, 40);
+}
+Test(gpu, select_1030_segments_pre)
+{
+	g_flags = GPU_ATTN_SCORE_PRE;
 	check_synth_select(65920, 1030);
 }
-Test(gpu, select_40_segments_many_ctas)
+Test(gpu, select_40_segments_many_ctas_pre)
 {
-	g_flags = GPU_ATTN_SELECT_MANY_CTAS;
+	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SCORE_PRE;
 	check_synth_select(64000, 40);
+}
+/* the whole step with GPU_ATTN_SCORE_PRE, bf16 and 8-bit summaries */
+Test(gpu, packed_small_llama_shape_pre)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_PRE;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_sum8_llama_shape_pre)
+{
+	g_flags = GPU_ATTN_SCORE_PRE;
+	g_sum8 = ~0u;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
 
 /* One head's selection as the scratch holds it after a score+select. */
