@@ -29,6 +29,7 @@
  *           rotated back once;
  *   merge   flash-decoding merge of all partials.
  */
+#include <algorithm>
 #include <math.h>
 #include <string.h>
 #include <cuda_fp16.h>
@@ -1174,7 +1175,7 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  */
 template <int NQ, bool FM>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
-						   struct ws_layout L, uint32_t K, uint32_t pre)
+						   struct ws_layout L, uint32_t K, uint32_t pre_from)
 {
 	pdl_trigger();
 	constexpr int P = NQP(NQ);
@@ -1196,13 +1197,15 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	uint32_t *hist = HIST(ws, blockIdx.y);
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
 		sm.hi[i] = 0;
-	/* prologue.  @pre (GPU_ATTN_SCORE_PRE): the first two tiles' descriptors are built here
+	/* prologue.  @pre (GPU_ATTN_SCORE_PRE: the CTAs from @pre_from on in
+	 * launch order): the first two tiles' descriptors are built here
 	 * (score_tile_of, the segment by a search in the caller's table, as
 	 * k_qrot builds them) and their summaries issued into both stages
 	 * before the programmatic-launch wait, so that where the CTA is
 	 * resident while k_qrot runs (small steps: k_qrot's grid is a segment
 	 * a CTA) those bytes arrive meanwhile; only the queries wait for
 	 * k_qrot.  Else descriptors 0 and 1 from k_qrot's table, then tile 0 */
+	const bool pre = blockIdx.y * gridDim.x + blockIdx.x >= pre_from; /* CTA-uniform */
 	const uint32_t npre = pre && H->nseg ? min(nt, 2u) : 0u;
 	if (npre) {
 		const uint32_t w = threadIdx.x >> 5;
@@ -1353,6 +1356,51 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	*K = (uint32_t)k;
 	*gx = (uint32_t)((tph + k - 1) / k);
 	return 0;
+}
+
+/* How many score CTAs the GPU holds beside k_qrot's grid (@nq CTAs, as
+ * many an SM as round(@nq / SMs)), by shared memory, registers and
+ * threads: those launch while k_qrot runs (programmatic launch), the rest
+ * as its CTAs leave.  GPU_ATTN_SCORE_PRE_LATE gives the early loads to the
+ * rest only (thirty-sixth session: with every CTA loading early the step
+ * was 3-4 % slower at 256K, where all of them sit beside k_qrot and share
+ * its DRAM, 3 % faster at 512K, where a third do; to measure). */
+template <class KQ, class KS>
+static cudaError_t score_beside_qrot(KQ qrot, KS score, size_t smem, uint64_t nq,
+				     uint32_t *out)
+{
+	int dev = 0, nsm = 0, sm_smem = 0, sm_regs = 0, sm_thr = 0, resv = 0, occ = 0;
+	cudaError_t e;
+	if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+	    (e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+	    (e = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+					dev)) != cudaSuccess ||
+	    (e = cudaDeviceGetAttribute(&sm_regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev)) !=
+		    cudaSuccess ||
+	    (e = cudaDeviceGetAttribute(&sm_thr, cudaDevAttrMaxThreadsPerMultiProcessor, dev)) !=
+		    cudaSuccess ||
+	    (e = cudaDeviceGetAttribute(&resv, cudaDevAttrReservedSharedMemoryPerBlock, dev)) !=
+		    cudaSuccess)
+		return e;
+	cudaFuncAttributes fq, fs;
+	if ((e = cudaFuncGetAttributes(&fq, qrot)) != cudaSuccess ||
+	    (e = cudaFuncGetAttributes(&fs, score)) != cudaSuccess ||
+	    (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, score, SCORE_T, smem)) !=
+		    cudaSuccess)
+		return e;
+	if (nsm < 1)
+		nsm = 1;
+	const int64_t perq = (int64_t)((nq + (uint64_t)nsm / 2) / (uint64_t)nsm);
+	const int64_t qs = (int64_t)fq.sharedSizeBytes + resv,
+		      ss = (int64_t)fs.sharedSizeBytes + (int64_t)smem + resv;
+	const int64_t qr = (int64_t)fq.numRegs * 256, sr = (int64_t)fs.numRegs * SCORE_T;
+	int64_t fit = occ;
+	fit = std::min(fit, ss > 0 ? (sm_smem - perq * qs) / ss : fit);
+	fit = std::min(fit, sr > 0 ? (sm_regs - perq * qr) / sr : fit);
+	fit = std::min(fit, (int64_t)(sm_thr - perq * 256) / SCORE_T);
+	fit = std::max(fit, (int64_t)0);
+	*out = (uint32_t)std::min<int64_t>(fit * nsm, UINT32_MAX);
+	return cudaSuccess;
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
@@ -5841,8 +5889,14 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 		if (rc)
 			return rc;
+		uint32_t pre_from = UINT32_MAX;
+		if (a->flags & GPU_ATTN_SCORE_PRE)
+			pre_from = 0;
+		else if (a->flags & GPU_ATTN_SCORE_PRE_LATE)
+			GPU_CK(score_beside_qrot(qrot, score, smem,
+						 (uint64_t)(a->max_segs + 1) * a->n_heads, &pre_from));
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
-				  ws, L, K, (uint32_t)!!(a->flags & GPU_ATTN_SCORE_PRE)));
+				  ws, L, K, pre_from));
 	}
 	if (upto < 3)
 		return 0;
