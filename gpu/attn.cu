@@ -1197,14 +1197,15 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	uint32_t *hist = HIST(ws, blockIdx.y);
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
 		sm.hi[i] = 0;
-	/* prologue.  @pre (GPU_ATTN_SCORE_PRE: the CTAs from @pre_from on in
-	 * launch order): the first two tiles' descriptors are built here
-	 * (score_tile_of, the segment by a search in the caller's table, as
-	 * k_qrot builds them) and their summaries issued into both stages
-	 * before the programmatic-launch wait, so that where the CTA is
-	 * resident while k_qrot runs (small steps: k_qrot's grid is a segment
-	 * a CTA) those bytes arrive meanwhile; only the queries wait for
-	 * k_qrot.  Else descriptors 0 and 1 from k_qrot's table, then tile 0 */
+	/* prologue.  @pre (the CTAs from @pre_from on in launch order:
+	 * GPU_ATTN_SCORE_PRE all of them, GPU_ATTN_SCORE_PRE_LATE those past
+	 * what fits beside k_qrot, by default none): the first two tiles'
+	 * descriptors are built here (score_tile_of, the segment by a search in
+	 * the caller's table, as k_qrot builds them) and their summaries issued
+	 * into both stages before the programmatic-launch wait, so that where
+	 * the CTA is resident while k_qrot runs those bytes arrive meanwhile;
+	 * only the queries wait for k_qrot.  Else descriptors 0 and 1 from
+	 * k_qrot's table, then tile 0 */
 	const bool pre = blockIdx.y * gridDim.x + blockIdx.x >= pre_from; /* CTA-uniform */
 	const uint32_t npre = pre && H->nseg ? min(nt, 2u) : 0u;
 	if (npre) {
