@@ -1334,19 +1334,25 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 }
 
 /* Tiles per score CTA (@kern, one of k_score's instances): one wave of
- * CTAs over all contexts. */
+ * CTAs over all contexts.  *@nsm, *@per: the SMs and the CTAs an SM holds
+ * (for score_beside_qrot). */
 template <int NQ, class KF>
 static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint32_t *gx,
-		      size_t *smem)
+		      size_t *smem, int *nsm, int *per)
 {
 	*smem = sizeof(struct score_smem<NQP(NQ)>);
 	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)*smem));
-	int dev = 0, nsm = 0, per = 0;
+	int dev = 0;
+	*nsm = *per = 0;
 	GPU_CK(cudaGetDevice(&dev));
-	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, SCORE_T, *smem));
-	uint64_t slots = (uint64_t)(nsm > 0 ? nsm : 1) * (per > 0 ? per : 1);
+	GPU_CK(cudaDeviceGetAttribute(nsm, cudaDevAttrMultiProcessorCount, dev));
+	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per, kern, SCORE_T, *smem));
+	if (*nsm < 1)
+		*nsm = 1;
+	if (*per < 1)
+		*per = 1;
+	uint64_t slots = (uint64_t)*nsm * (uint64_t)*per;
 	uint64_t tph = (a->max_blocks + SCORE_T - 1) / SCORE_T;
 	uint64_t cph = slots / a->n_heads;
 	if (cph < 1)
@@ -1359,21 +1365,20 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	return 0;
 }
 
-/* How many score CTAs the GPU holds beside k_qrot's grid (@nq CTAs, as
- * many an SM as round(@nq / SMs)), by shared memory, registers and
- * threads: those launch while k_qrot runs (programmatic launch), the rest
+/* How many score CTAs the GPU (@nsm SMs, @occ score CTAs an SM alone:
+ * score_grid's) holds beside k_qrot's grid (@nq CTAs, as many an SM as
+ * round(@nq / @nsm)), by shared memory, registers and threads: those launch while k_qrot runs (programmatic launch), the rest
  * as its CTAs leave.  GPU_ATTN_SCORE_PRE_LATE gives the early loads to the
  * rest only (thirty-sixth session: with every CTA loading early the step
  * was 3-4 % slower at 256K, where all of them sit beside k_qrot and share
  * its DRAM, 3 % faster at 512K, where a third do; to measure). */
 template <class KQ, class KS>
-static cudaError_t score_beside_qrot(KQ qrot, KS score, size_t smem, uint64_t nq,
-				     uint32_t *out)
+static cudaError_t score_beside_qrot(KQ qrot, KS score, size_t smem, uint64_t nq, int nsm,
+				     int occ, uint32_t *out)
 {
-	int dev = 0, nsm = 0, sm_smem = 0, sm_regs = 0, sm_thr = 0, resv = 0, occ = 0;
+	int dev = 0, sm_smem = 0, sm_regs = 0, sm_thr = 0, resv = 0;
 	cudaError_t e;
 	if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
-	    (e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
 	    (e = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
 					dev)) != cudaSuccess ||
 	    (e = cudaDeviceGetAttribute(&sm_regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev)) !=
@@ -1385,12 +1390,8 @@ static cudaError_t score_beside_qrot(KQ qrot, KS score, size_t smem, uint64_t nq
 		return e;
 	cudaFuncAttributes fq, fs;
 	if ((e = cudaFuncGetAttributes(&fq, qrot)) != cudaSuccess ||
-	    (e = cudaFuncGetAttributes(&fs, score)) != cudaSuccess ||
-	    (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, score, SCORE_T, smem)) !=
-		    cudaSuccess)
+	    (e = cudaFuncGetAttributes(&fs, score)) != cudaSuccess)
 		return e;
-	if (nsm < 1)
-		nsm = 1;
 	const int64_t perq = (int64_t)((nq + (uint64_t)nsm / 2) / (uint64_t)nsm);
 	const int64_t qs = (int64_t)fq.sharedSizeBytes + resv,
 		      ss = (int64_t)fs.sharedSizeBytes + (int64_t)smem + resv;
@@ -5887,7 +5888,7 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		size_t smem;
 		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true>
 							     : k_score<NQ, false>;
-		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
+		int nsm, per, rc = score_grid<NQ>(a, score, &K, &gx, &smem, &nsm, &per);
 		if (rc)
 			return rc;
 		uint32_t pre_from = UINT32_MAX;
@@ -5895,7 +5896,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 			pre_from = 0;
 		else if (a->flags & GPU_ATTN_SCORE_PRE_LATE)
 			GPU_CK(score_beside_qrot(qrot, score, smem,
-						 (uint64_t)(a->max_segs + 1) * a->n_heads, &pre_from));
+						 (uint64_t)(a->max_segs + 1) * a->n_heads, nsm, per,
+						 &pre_from));
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
 				  ws, L, K, pre_from));
 	}
