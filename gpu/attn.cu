@@ -1367,8 +1367,9 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 
 /* How many score CTAs the GPU (@nsm SMs, @occ score CTAs an SM alone:
  * score_grid's) holds beside k_qrot's grid (@nq CTAs, as many an SM as
- * round(@nq / @nsm)), by shared memory, registers and threads: those launch while k_qrot runs (programmatic launch), the rest
- * as its CTAs leave.  GPU_ATTN_SCORE_PRE_LATE gives the early loads to the
+ * round(@nq / @nsm)), by shared memory, registers and threads: those
+ * launch while k_qrot runs (programmatic launch), the rest as its CTAs
+ * leave.  GPU_ATTN_SCORE_PRE_LATE gives the early loads to the
  * rest only (thirty-sixth session: with every CTA loading early the step
  * was 3-4 % slower at 256K, where all of them sit beside k_qrot and share
  * its DRAM, 3 % faster at 512K, where a third do; to measure). */
