@@ -10,12 +10,11 @@ two score stages (their ratios to ours_us mean nothing: read their
 values), the one-run leads of the thirty-fourth session (wider chunks,
 one slot a window) and Quest; since the thirty-sixth session the clear's
 memset node beside it (ours_cm, os_cm, g28_cm) and the score kernel
-with its early loads (ours_pre, os_pre, g28_pre: GPU_ATTN_SCORE_PRE; ours_prl,
-g28_prl: GPU_ATTN_SCORE_PRE_LATE)."""
+with its early loads (ours_pre, os_pre, g28_pre: GPU_ATTN_SCORE_PRE)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_pre", "ours_prl", "ours_cm", "ours_g2", "g2_s8", "g28_pre",
-           "g28_prl", "oscore", "os_pre", "os_s8", "quest_us"]
+DEFAULT = ["ours_us", "ours_pre", "ours_cm", "ours_g2", "g2_s8", "g28_pre", "oscore", "os_pre",
+           "os_s8", "quest_us"]
 
 
 def rows(path):

@@ -29,7 +29,6 @@
  *           rotated back once;
  *   merge   flash-decoding merge of all partials.
  */
-#include <algorithm>
 #include <math.h>
 #include <string.h>
 #include <cuda_fp16.h>
@@ -1175,7 +1174,7 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  */
 template <int NQ, bool FM>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
-						   struct ws_layout L, uint32_t K, uint32_t pre_from)
+						   struct ws_layout L, uint32_t K, uint32_t pre)
 {
 	pdl_trigger();
 	constexpr int P = NQP(NQ);
@@ -1197,16 +1196,13 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	uint32_t *hist = HIST(ws, blockIdx.y);
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
 		sm.hi[i] = 0;
-	/* prologue.  @pre (the CTAs from @pre_from on in launch order:
-	 * GPU_ATTN_SCORE_PRE all of them, GPU_ATTN_SCORE_PRE_LATE those past
-	 * what fits beside k_qrot, by default none): the first two tiles'
-	 * descriptors are built here (score_tile_of, the segment by a search in
-	 * the caller's table, as k_qrot builds them) and their summaries issued
-	 * into both stages before the programmatic-launch wait, so that where
-	 * the CTA is resident while k_qrot runs those bytes arrive meanwhile;
-	 * only the queries wait for k_qrot.  Else descriptors 0 and 1 from
-	 * k_qrot's table, then tile 0 */
-	const bool pre = blockIdx.y * gridDim.x + blockIdx.x >= pre_from; /* CTA-uniform */
+	/* prologue.  @pre (GPU_ATTN_SCORE_PRE): the first two tiles'
+	 * descriptors are built here (score_tile_of, the segment by a search
+	 * in the caller's table, as k_qrot builds them) and their summaries
+	 * issued into both stages before the programmatic-launch wait, so
+	 * that where the CTA is resident while k_qrot runs those bytes arrive
+	 * meanwhile; only the queries wait for k_qrot.  Else descriptors 0
+	 * and 1 from k_qrot's table, then tile 0 */
 	const uint32_t npre = pre && H->nseg ? min(nt, 2u) : 0u;
 	if (npre) {
 		const uint32_t w = threadIdx.x >> 5;
@@ -1334,25 +1330,19 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 }
 
 /* Tiles per score CTA (@kern, one of k_score's instances): one wave of
- * CTAs over all contexts.  *@nsm, *@per: the SMs and the CTAs an SM holds
- * (for score_beside_qrot). */
+ * CTAs over all contexts. */
 template <int NQ, class KF>
 static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint32_t *gx,
-		      size_t *smem, int *nsm, int *per)
+		      size_t *smem)
 {
 	*smem = sizeof(struct score_smem<NQP(NQ)>);
 	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)*smem));
-	int dev = 0;
-	*nsm = *per = 0;
+	int dev = 0, nsm = 0, per = 0;
 	GPU_CK(cudaGetDevice(&dev));
-	GPU_CK(cudaDeviceGetAttribute(nsm, cudaDevAttrMultiProcessorCount, dev));
-	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per, kern, SCORE_T, *smem));
-	if (*nsm < 1)
-		*nsm = 1;
-	if (*per < 1)
-		*per = 1;
-	uint64_t slots = (uint64_t)*nsm * (uint64_t)*per;
+	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, SCORE_T, *smem));
+	uint64_t slots = (uint64_t)(nsm > 0 ? nsm : 1) * (per > 0 ? per : 1);
 	uint64_t tph = (a->max_blocks + SCORE_T - 1) / SCORE_T;
 	uint64_t cph = slots / a->n_heads;
 	if (cph < 1)
@@ -1363,47 +1353,6 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	*K = (uint32_t)k;
 	*gx = (uint32_t)((tph + k - 1) / k);
 	return 0;
-}
-
-/* How many score CTAs the GPU (@nsm SMs, @occ score CTAs an SM alone:
- * score_grid's) holds beside k_qrot's grid (@nq CTAs, as many an SM as
- * round(@nq / @nsm)), by shared memory, registers and threads: those
- * launch while k_qrot runs (programmatic launch), the rest as its CTAs
- * leave.  GPU_ATTN_SCORE_PRE_LATE gives the early loads to the
- * rest only (thirty-sixth session: with every CTA loading early the step
- * was 3-4 % slower at 256K, where all of them sit beside k_qrot and share
- * its DRAM, 3 % faster at 512K, where a third do; to measure). */
-template <class KQ, class KS>
-static cudaError_t score_beside_qrot(KQ qrot, KS score, size_t smem, uint64_t nq, int nsm,
-				     int occ, uint32_t *out)
-{
-	int dev = 0, sm_smem = 0, sm_regs = 0, sm_thr = 0, resv = 0;
-	cudaError_t e;
-	if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
-	    (e = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-					dev)) != cudaSuccess ||
-	    (e = cudaDeviceGetAttribute(&sm_regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev)) !=
-		    cudaSuccess ||
-	    (e = cudaDeviceGetAttribute(&sm_thr, cudaDevAttrMaxThreadsPerMultiProcessor, dev)) !=
-		    cudaSuccess ||
-	    (e = cudaDeviceGetAttribute(&resv, cudaDevAttrReservedSharedMemoryPerBlock, dev)) !=
-		    cudaSuccess)
-		return e;
-	cudaFuncAttributes fq, fs;
-	if ((e = cudaFuncGetAttributes(&fq, qrot)) != cudaSuccess ||
-	    (e = cudaFuncGetAttributes(&fs, score)) != cudaSuccess)
-		return e;
-	const int64_t perq = (int64_t)((nq + (uint64_t)nsm / 2) / (uint64_t)nsm);
-	const int64_t qs = (int64_t)fq.sharedSizeBytes + resv,
-		      ss = (int64_t)fs.sharedSizeBytes + (int64_t)smem + resv;
-	const int64_t qr = (int64_t)fq.numRegs * 256, sr = (int64_t)fs.numRegs * SCORE_T;
-	int64_t fit = occ;
-	fit = std::min(fit, ss > 0 ? (sm_smem - perq * qs) / ss : fit);
-	fit = std::min(fit, sr > 0 ? (sm_regs - perq * qr) / sr : fit);
-	fit = std::min(fit, (int64_t)(sm_thr - perq * 256) / SCORE_T);
-	fit = std::max(fit, (int64_t)0);
-	*out = (uint32_t)std::min<int64_t>(fit * nsm, UINT32_MAX);
-	return cudaSuccess;
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
@@ -5889,18 +5838,11 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		size_t smem;
 		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true>
 							     : k_score<NQ, false>;
-		int nsm, per, rc = score_grid<NQ>(a, score, &K, &gx, &smem, &nsm, &per);
+		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 		if (rc)
 			return rc;
-		uint32_t pre_from = UINT32_MAX;
-		if (a->flags & GPU_ATTN_SCORE_PRE)
-			pre_from = 0;
-		else if (a->flags & GPU_ATTN_SCORE_PRE_LATE)
-			GPU_CK(score_beside_qrot(qrot, score, smem,
-						 (uint64_t)(a->max_segs + 1) * a->n_heads, nsm, per,
-						 &pre_from));
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
-				  ws, L, K, pre_from));
+				  ws, L, K, (uint32_t)!!(a->flags & GPU_ATTN_SCORE_PRE)));
 	}
 	if (upto < 3)
 		return 0;

@@ -250,12 +250,6 @@ struct gpu_attn_args {
  * while k_qrot runs, and their loads share the DRAM with k_qrot's), at 1M
  * the same; kept to measure on other shapes and cards. */
 #define GPU_ATTN_SCORE_PRE 8388608u
-/* GPU_ATTN_SCORE_PRE's early loads only in the score CTAs that launch
- * after those the GPU holds beside k_qrot's grid (attn.cu
- * score_beside_qrot: at 256K tokens, batch 1, none of them; at 1M, all).
- * Written in the thirty-sixth session after its last device call: to
- * measure (bench/attn's ours_prl, g28_prl). */
-#define GPU_ATTN_SCORE_PRE_LATE 16777216u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

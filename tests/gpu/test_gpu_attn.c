@@ -1756,19 +1756,6 @@ Test(gpu, select_40_segments_many_ctas_pre)
 	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SCORE_PRE;
 	check_synth_select(64000, 40);
 }
-/* GPU_ATTN_SCORE_PRE_LATE: 1,030 segments (k_qrot's 1,031 CTAs leave no
- * room beside them: every score CTA loads early) and 40 (41 CTAs: every
- * score CTA fits beside them, none does) */
-Test(gpu, select_1030_segments_pre_late)
-{
-	g_flags = GPU_ATTN_SCORE_PRE_LATE;
-	check_synth_select(65920, 1030);
-}
-Test(gpu, select_40_segments_pre_late)
-{
-	g_flags = GPU_ATTN_SCORE_PRE_LATE;
-	check_synth_select(64000, 40);
-}
 /* the whole step with GPU_ATTN_SCORE_PRE, bf16 and 8-bit summaries */
 Test(gpu, packed_small_llama_shape_pre)
 {
