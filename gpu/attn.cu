@@ -89,7 +89,8 @@ struct ws_layout {
 			    * select leaves the cut: packed and Quest) */
 	uint32_t lpt;      /* nonzero: the count pass writes g32 and the
 			    * select the attention CTAs' order (lpt_order;
-			    * set by the launch); bit 1: with idle marks */
+			    * set by the launch); bit 1: with idle marks;
+			    * bit 2: the count's tail in its serial order */
 	uint32_t pb;       /* a window's part holds at least this many
 			    * selected blocks where it has more than one
 			    * (PART_BLOCKS, or 64 with GPU_ATTN_PART_64) */
@@ -1647,6 +1648,7 @@ struct sel_smem {
 	uint32_t wcnt[64], woff[32]; /* per warp (one CTA) or per CTA range (many) */
 	uint32_t scan[33];
 	uint32_t ncand, digit, abv, tie_max, ntie;
+	uint32_t lwn[SEL_T]; /* msel_count's early window entries (lpt_window) */
 };
 
 /*
@@ -2093,63 +2095,85 @@ __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
  * counted them (k_segrot reads the notes after the attention kernel).
  * GPU_ATTN_NO_IDLE (L.lpt without bit 1) writes no marks.
  */
-static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
-					       const struct ws_layout &L, uint32_t h,
-					       struct sel_smem &sm, bool bound)
+/* Whether lpt_order has room for context @src's order in its scratch
+ * (else the slot order), and its windows' table entries (mw). */
+static __device__ __forceinline__ bool lpt_room(const struct sel_src &src,
+						const struct ws_layout &L)
+{
+	static_assert(SEL_CAP >= 1u << 9 && HIST_HI > 1u << 9, "lpt_order's scratch");
+	return L.slots <= SEL_CAP && src.cwl <= 9 && L.max_segs < 1u << 22;
+}
+
+static __device__ __forceinline__ uint32_t lpt_mw(const struct ws_layout &L)
+{
+	return min(L.max_chunks >> L.pl, (uint32_t)SEL_CAP);
+}
+
+/* What lpt_order reads before the windows: the update buffer's size and
+ * block (for its chunks) and the window count. */
+struct lpt_in {
+	uint32_t bn, bb, nw;
+};
+
+static __device__ __forceinline__ struct lpt_in lpt_heads(const struct sel_src &src, char *ws,
+							 const struct ws_layout &L, uint32_t h)
+{
+	const uint32_t *wd = WSP(const uint32_t, L, wdesc, ws, h);
+	struct lpt_in in = {0, 1, 0};
+	if (src.buf) {
+		in.bn = src.buf->n;
+		in.bb = src.buf->b;
+	}
+	in.nw = src.segs ? __ldcg(&wd[WDESC_COUNT(L.max_chunks)])
+			 : (src.nb + (1u << src.cwl) - 1) >> src.cwl;
+	return in;
+}
+
+/* Window @wx's entry for the order: its segment (<< 10) beside the blocks
+ * its granules hold at or above the cut's bin (<= 512).  @e: its
+ * descriptor (with segments; read whether or not the window exists: the
+ * table's words hold max_chunks >> pl entries). */
+static __device__ __forceinline__ uint32_t lpt_window(const struct sel_src &src,
+						      const uint8_t *g32, uint32_t wx,
+						      uint32_t nw, uint4 e)
+{
+	uint32_t a0, a1, si = 0;
+	if (src.segs) { /* the segment's index in e.x (< 2^22: lpt_room) */
+		a0 = e.y;
+		a1 = e.z;
+		si = e.x;
+	} else {
+		a0 = wx << src.cwl;
+		a1 = min(src.nb, a0 + (1u << src.cwl));
+	}
+	if (wx >= nw)
+		a1 = a0;
+	/* the granules [a0, a1) meets: the one it starts inside (if any: a
+	 * window's start need not be a multiple of 32), then those starting
+	 * in it, at most cw / 32 + 1; every load of a thread issued at once
+	 * (a loop over granules was a round trip each) */
+	const uint32_t g0 = (a0 + 31) >> 5, g1 = a1 > a0 ? (a1 + 31) >> 5 : g0;
+	uint32_t n = a1 > a0 && (a0 & 31u) ? __ldcg(g32 + (a0 >> 5)) : 0u;
+#pragma unroll
+	for (uint32_t k = 0; k < (1u << 9) / 32 + 1; k++)
+		if (g0 + k < g1)
+			n += __ldcg(g32 + g0 + k);
+	return si << 10 | min(n, a1 - a0);
+}
+
+/* The order from the windows' entries @wn (lpt_window's, lpt_mw of them,
+ * in shared memory, written before a barrier) and @in; @key (L.slots
+ * words) and @bins (cw + 1 words) are shared scratch. */
+static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char *ws,
+					      const struct ws_layout &L, uint32_t h,
+					      const uint32_t *wn, struct lpt_in in, uint32_t *key,
+					      uint32_t *bins, bool bound)
 {
 	const uint32_t tid = threadIdx.x, cw = 1u << src.cwl, np1 = 1u << L.pl, ns = L.slots;
 	uint32_t *order = WSP(uint32_t, L, order, ws, h);
-	static_assert(SEL_CAP >= 1u << 9 && HIST_HI > 1u << 9, "lpt_order's scratch");
-	if (ns > SEL_CAP || cw > 1u << 9 || L.max_segs >= 1u << 22) { /* no room: slot order */
-		for (uint32_t x = tid; x < ns; x += SEL_T)
-			order[x] = x;
-		return;
-	}
-	const uint8_t *g32 = WSP(const uint8_t, L, g32, ws, h);
-	const uint32_t *wd = WSP(const uint32_t, L, wdesc, ws, h);
-	const uint32_t mw = min(L.max_chunks >> L.pl, (uint32_t)SEL_CAP);
-	/* the buffer's size, the window count and a window's entry (read
-	 * whether or not it exists: the table's words hold max_chunks >> pl
-	 * entries) in one round trip, its granules in the next: every load of
-	 * a thread issued at once (a loop over granules was a round trip each) */
-	uint32_t bn = 0, bb = 1;
-	if (src.buf) {
-		bn = src.buf->n;
-		bb = src.buf->b;
-	}
-	uint32_t nw = src.segs ? __ldcg(&wd[WDESC_COUNT(L.max_chunks)])
-			       : (src.nb + cw - 1) >> src.cwl;
-	uint32_t *wn = sm.ciw, *key = sm.ckey, *bins = sm.h; /* bins: cw + 1 keys */
+	const uint32_t nw = min(in.nw, lpt_mw(L)), bn = in.bn, bb = in.bb;
 	for (uint32_t k = tid; k <= cw; k += SEL_T)
 		bins[k] = 0;
-	for (uint32_t wx = tid; wx < mw; wx += SEL_T) {
-		uint32_t a0, a1, si = 0;
-		if (src.segs) { /* the segment's index in e.x (< 2^22: above) */
-			const uint4 e = __ldcg((const uint4 *)wd + wx);
-			a0 = e.y;
-			a1 = e.z;
-			si = e.x;
-		} else {
-			a0 = wx << src.cwl;
-			a1 = min(src.nb, a0 + cw);
-		}
-		if (wx >= nw)
-			a1 = a0;
-		/* the window's segment beside its count (<= 512), stored before
-		 * the granules' loads: one register fewer across them */
-		wn[wx] = si << 10;
-		/* the granules [a0, a1) meets: the one it starts inside (if
-		 * any: a window's start need not be a multiple of 32), then
-		 * those starting in it, at most cw / 32 + 1 */
-		const uint32_t g0 = (a0 + 31) >> 5, g1 = a1 > a0 ? (a1 + 31) >> 5 : g0;
-		uint32_t n = a1 > a0 && (a0 & 31u) ? __ldcg(g32 + (a0 >> 5)) : 0u;
-#pragma unroll
-		for (uint32_t k = 0; k < (1u << 9) / 32 + 1; k++)
-			if (g0 + k < g1)
-				n += __ldcg(g32 + g0 + k);
-		wn[wx] |= min(n, a1 - a0);
-	}
-	nw = min(nw, mw);
 	__syncthreads();
 	const uint32_t nbb = (bn + bb - 1) / bb;
 	const bool marks = (L.lpt & 2u) != 0u;
@@ -2201,6 +2225,25 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 	}
 }
 
+static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
+					       const struct ws_layout &L, uint32_t h,
+					       struct sel_smem &sm, bool bound)
+{
+	if (!lpt_room(src, L)) { /* no room: slot order */
+		uint32_t *order = WSP(uint32_t, L, order, ws, h);
+		for (uint32_t x = threadIdx.x; x < L.slots; x += SEL_T)
+			order[x] = x;
+		return;
+	}
+	const uint8_t *g32 = WSP(const uint8_t, L, g32, ws, h);
+	const uint4 *wd = WSP(const uint4, L, wdesc, ws, h);
+	const struct lpt_in in = lpt_heads(src, ws, L, h);
+	for (uint32_t wx = threadIdx.x; wx < lpt_mw(L); wx += SEL_T)
+		sm.ciw[wx] = lpt_window(src, g32, wx, in.nw,
+					src.segs ? __ldcg(wd + wx) : make_uint4(0, 0, 0, 0));
+	lpt_rank(src, ws, L, h, sm.ciw, in, sm.ckey, sm.h, bound);
+}
+
 __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 			   const struct ws_layout &L, uint32_t h, uint32_t R)
 {
@@ -2233,7 +2276,27 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	}
 	if (!last_cta_in_row(&X[SX_DONE_B], &sh_last))
 		return;
+	/* the tail's global loads in two round trips, before the exact cut:
+	 * the candidates, the per-CTA counts (the offsets: warp 0, two CTAs
+	 * a lane, MSEL_MAXC = 64) and the order's window entries, then those
+	 * windows' granules; after the cut they were four (candidates;
+	 * counts; entries; granules).  GPU_ATTN_SEL_TAIL_SERIAL (L.lpt bit 2)
+	 * keeps that order */
 	uint32_t nc = __ldcg(&X[SX_NCAND]);
+	const uint32_t gx = gridDim.x, k0 = 2 * lane, k1 = k0 + 1;
+	uint32_t v0 = 0, v1 = 0;
+	if (w == 0) {
+		v0 = k0 < gx ? __ldcg(&X[SX_CNT + k0]) : 0;
+		v1 = k1 < gx ? __ldcg(&X[SX_CNT + k1]) : 0;
+	}
+	const bool early = L.lpt && !(L.lpt & 4u) && lpt_room(src, L) && lpt_mw(L) <= SEL_T;
+	struct lpt_in in = {0, 1, 0};
+	uint4 e = make_uint4(0, 0, 0, 0);
+	if (early) {
+		in = lpt_heads(src, ws, L, h);
+		if (src.segs && tid < lpt_mw(L))
+			e = __ldcg(WSP(const uint4, L, wdesc, ws, h) + tid);
+	}
 	if (nb > 0 && nc > SEL_CAP) {
 		uint32_t nsel = select_slow(src, need, mode, ws, L, h);
 		if (tid == 0) {
@@ -2246,7 +2309,18 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 		}
 		return;
 	}
-	for (uint32_t i = tid; i < nc; i += SEL_T) {
+	uint32_t ck = 0, ci = 0;
+	if (tid < nc) {
+		ck = __ldcg(&ckey[tid]);
+		ci = __ldcg(&ciw[tid]);
+	}
+	if (early && tid < lpt_mw(L))
+		sm.lwn[tid] = lpt_window(src, WSP(const uint8_t, L, g32, ws, h), tid, in.nw, e);
+	if (tid < nc) {
+		sm.ckey[tid] = ck;
+		sm.ciw[tid] = ci;
+	}
+	for (uint32_t i = tid + SEL_T; i < nc; i += SEL_T) {
 		sm.ckey[i] = __ldcg(&ckey[i]);
 		sm.ciw[i] = __ldcg(&ciw[i]);
 	}
@@ -2259,12 +2333,11 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	else if (tid == 0)
 		sm.tie_max = 0;
 	__syncthreads();
-	/* list offsets: one warp, two CTAs a lane (MSEL_MAXC = 64), one round
-	 * of loads (a loop over the CTAs' counts was a chain of L2 loads) */
+	/* list offsets: one warp, two CTAs a lane (the counts loaded above: a
+	 * loop over them was a chain of L2 loads) */
 	if (w == 0) {
-		uint32_t k0 = 2 * lane, k1 = k0 + 1, gx = gridDim.x;
-		uint32_t v0 = k0 < gx ? __ldcg(&X[SX_CNT + k0]) + sm.wcnt[k0] : 0;
-		uint32_t v1 = k1 < gx ? __ldcg(&X[SX_CNT + k1]) + sm.wcnt[k1] : 0;
+		v0 += k0 < gx ? sm.wcnt[k0] : 0;
+		v1 += k1 < gx ? sm.wcnt[k1] : 0;
 		uint32_t v = v0 + v1, x = warp_incl_scan(v);
 		if (k0 < gx)
 			X[SX_OFF + k0] = x - v;
@@ -2279,7 +2352,10 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	}
 	if (L.lpt) {
 		__syncthreads(); /* warp 0 has read sm.wcnt; sel_exact is done */
-		lpt_order(src, ws, L, h, sm, true);
+		if (early)
+			lpt_rank(src, ws, L, h, sm.lwn, in, sm.ckey, sm.h, true);
+		else
+			lpt_order(src, ws, L, h, sm, true);
 	}
 }
 
@@ -5812,7 +5888,9 @@ static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L,
 		return 0;
 	if (quest && !(a->flags & GPU_ATTN_WORK_ORDER))
 		return 0;
-	return a->flags & GPU_ATTN_NO_IDLE ? 1u : 3u; /* bit 1: idle marks */
+	/* bit 1: idle marks; bit 2: the count's tail in its serial order */
+	return (a->flags & GPU_ATTN_NO_IDLE ? 1u : 3u) |
+	       (a->flags & GPU_ATTN_SEL_TAIL_SERIAL ? 4u : 0u);
 }
 
 template <int NQ>

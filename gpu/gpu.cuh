@@ -250,6 +250,10 @@ struct gpu_attn_args {
  * while k_qrot runs, and their loads share the DRAM with k_qrot's), at 1M
  * the same; kept to measure on other shapes and cards. */
 #define GPU_ATTN_SCORE_PRE 8388608u
+/* The many-CTA select's last CTA loads the order's windows and the
+ * per-CTA counts after its exact cut, as before the thirty-seventh
+ * session (by default beside the candidates, before the cut). */
+#define GPU_ATTN_SEL_TAIL_SERIAL 16777216u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

@@ -1023,13 +1023,12 @@ static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
  * is marked idle (GPU_ORDER_IDLE) iff that work is 0, and an idle slot's
  * part of its window takes no block by the cut's own rule (sel_take).
  */
-Test(gpu, packed_lpt_order, .timeout = 120)
+static void check_lpt_order(uint32_t extra)
 {
-	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	const uint32_t H = LONG_H, nseg = LONG_NSEG;
 	const uint32_t fl = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_256 |
-			    GPU_ATTN_PARTS_2;
+			    GPU_ATTN_PARTS_2 | extra;
 	struct gu_ctx c[MAXH];
 	struct run r;
 	long_run(c, &r, seed, 0.1, fl);
@@ -1121,6 +1120,21 @@ Test(gpu, packed_lpt_order, .timeout = 120)
 	run_free(&r);
 	for (uint32_t h = 0; h < H; h++)
 		gu_ctx_free(&c[h]);
+}
+
+Test(gpu, packed_lpt_order, .timeout = 120)
+{
+	GU_NEED_GPU();
+	check_lpt_order(0);
+}
+
+/* The same with the count's last CTA loading the windows after its exact
+ * cut (the order's serial path, lpt_order; by default its loads go beside
+ * the candidates' and only lpt_rank runs after the cut). */
+Test(gpu, packed_lpt_order_serial_tail, .timeout = 120)
+{
+	GU_NEED_GPU();
+	check_lpt_order(GPU_ATTN_SEL_TAIL_SERIAL);
 }
 
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
