@@ -12,13 +12,11 @@ one slot a window) and Quest; since the thirty-sixth session the clear's
 memset node beside it (ours_cm, os_cm, g28_cm) and the score kernel
 with its early loads (ours_pre, os_pre, g28_pre: GPU_ATTN_SCORE_PRE); since
 the thirty-seventh the select's tail in its serial order (ours_sts,
-g28_sts: GPU_ATTN_SEL_TAIL_SERIAL) and k_qrot's late launch trigger, alone
-and with the early score loads (ours_qlt, ours_plt, g28_plt:
-GPU_ATTN_QROT_LATE_TRIGGER)."""
+g28_sts: GPU_ATTN_SEL_TAIL_SERIAL)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_sts", "ours_pre", "ours_qlt", "ours_plt", "ours_g2", "g2_s8",
-           "g28_sts", "g28_pre", "g28_plt", "oscore", "os_pre", "quest_us"]
+DEFAULT = ["ours_us", "ours_sts", "ours_pre", "ours_cm", "ours_g2", "g2_s8", "g28_sts", "g28_pre",
+           "oscore", "os_pre", "os_s8", "quest_us"]
 
 
 def rows(path):

@@ -495,14 +495,9 @@ __device__ __forceinline__ void qrot_clear(char *ws, uint32_t clear_words)
 template <int NQ, bool CUT>
 __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, const float *q,
 					      uint32_t d, char *ws, struct ws_layout L,
-					      uint32_t clear_words, uint32_t late)
+					      uint32_t clear_words)
 {
-	/* @late (GPU_ATTN_QROT_LATE_TRIGGER): the score kernel may launch only
-	 * once every CTA has its rotation in shared memory (below), so that
-	 * its CTAs' loads do not share the DRAM with the rotations' */
-	if (!late)
-		pdl_trigger();
-	pdl_wait();
+	pdl_begin();
 	__shared__ __align__(16) uint16_t Rs[GPU_MAX_D * QROT_LD];
 	__shared__ float qrs[GPU_MAX_D * 8];                /* q'[c][h] */
 	__shared__ uint32_t wpart[256 / 32];
@@ -615,8 +610,6 @@ __global__ void __launch_bounds__(256) k_qrot(const struct gpu_head *heads, cons
 	}
 	asm volatile("cp.async.wait_group 0;" ::: "memory");
 	__syncthreads();
-	if (late)
-		pdl_trigger();
 	if (CUT && threadIdx.x >= 32 && threadIdx.x < 64) {
 		uint32_t n = 0, lane = threadIdx.x & 31;
 		for (uint32_t w = 0; w < blockDim.x / 32; w++)
@@ -5913,9 +5906,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		clear_words = 0;
 	}
 	auto qrot = L.cut_only ? k_qrot<NQ, true> : k_qrot<NQ, false>;
-	qrot<<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(
-		heads, a->q, a->d, ws, L, clear_words,
-		(uint32_t)!!(a->flags & GPU_ATTN_QROT_LATE_TRIGGER));
+	qrot<<<dim3(a->max_segs + 1, a->n_heads), 256, 0, s>>>(heads, a->q, a->d, ws, L,
+							      clear_words);
 	GPU_CKL();
 	if (upto < 2)
 		return 0;

@@ -254,12 +254,6 @@ struct gpu_attn_args {
  * per-CTA counts after its exact cut, as before the thirty-seventh
  * session (by default beside the candidates, before the cut). */
 #define GPU_ATTN_SEL_TAIL_SERIAL 16777216u
-/* k_qrot lets the score kernel launch (programmatic launch) only once its
- * CTAs hold their rotations, not at their start: with
- * GPU_ATTN_SCORE_PRE, the score CTAs' early loads then come after the
- * rotations' instead of beside them.  To measure (thirty-seventh
- * session). */
-#define GPU_ATTN_QROT_LATE_TRIGGER 33554432u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

@@ -1010,27 +1010,6 @@ Test(gpu, packed_pdl_equals_plain, .timeout = 120)
 		gu_ctx_free(&c[h]);
 }
 
-/* k_qrot's late launch trigger (GPU_ATTN_QROT_LATE_TRIGGER) moves only
- * when the score kernel may launch: the same bits, with and without the
- * score kernel's early loads, over both select variants. */
-Test(gpu, packed_qrot_late_trigger, .timeout = 120)
-{
-	GU_NEED_GPU();
-	uint64_t seed = gu_seed();
-	struct gu_ctx c[MAXH];
-	struct run r;
-	long_run(c, &r, seed, 0.4, 0);
-	const uint32_t fl[4] = {GPU_ATTN_SMALL_ROWS, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_PRE,
-				GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS,
-				GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SCORE_PRE};
-	for (int v = 0; v < 4; v++)
-		same_bits(&r, seed, fl[v], fl[v] | GPU_ATTN_QROT_LATE_TRIGGER,
-			  "k_qrot's launch trigger at its start and after its rotation");
-	run_free(&r);
-	for (uint32_t h = 0; h < LONG_H; h++)
-		gu_ctx_free(&c[h]);
-}
-
 static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
 
 /*
