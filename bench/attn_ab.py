@@ -12,11 +12,13 @@ one slot a window) and Quest; since the thirty-sixth session the clear's
 memset node beside it (ours_cm, os_cm, g28_cm) and the score kernel
 with its early loads (ours_pre, os_pre, g28_pre: GPU_ATTN_SCORE_PRE); since
 the thirty-seventh the select's tail in its serial order (ours_sts,
-g28_sts: GPU_ATTN_SEL_TAIL_SERIAL)."""
+g28_sts: GPU_ATTN_SEL_TAIL_SERIAL) and the many-CTA select forced where
+the step takes the one-CTA select (ours_mny, g28_mny, beside the stage's
+os_1cta and os_many)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_sts", "ours_pre", "ours_cm", "ours_g2", "g2_s8", "g28_sts", "g28_pre",
-           "oscore", "os_pre", "os_s8", "quest_us"]
+DEFAULT = ["ours_us", "ours_sts", "ours_mny", "ours_pre", "ours_g2", "g2_s8", "g28_sts",
+           "g28_mny", "g28_pre", "oscore", "os_1cta", "os_many", "quest_us"]
 
 
 def rows(path):
