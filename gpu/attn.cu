@@ -1391,22 +1391,6 @@ __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head
 	hist_flush(sh_hi, hist);
 }
 
-/* cp.async of @bytes (multiple of 16, both 16-aligned) by the whole CTA. */
-__device__ __forceinline__ void cta_copy_async(void *dst, const void *src, uint32_t bytes)
-{
-	for (uint32_t o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16) {
-		uint32_t sa = (uint32_t)__cvta_generic_to_shared((char *)dst + o);
-		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa),
-			     "l"((const char *)src + o));
-	}
-	asm volatile("cp.async.commit_group;");
-}
-
-__device__ __forceinline__ void cta_copy_wait(void)
-{
-	asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
 /* ------------------------------------------------------------------ */
 /* select: one CTA of 1024 threads per context.                        */
 
@@ -1933,14 +1917,12 @@ __device__ uint32_t sel_write_warp(const struct sel_src &src, const float *score
  * the selection in block order.  Returns the number selected, or
  * UINT32_MAX (nothing written) when the candidates overflow SEL_CAP.
  * The cut goes to SELX (sel_take); L.cut_only: no second pass (returns 0).
- * @sc_scan, @nt_scan: the scores and token counts the candidate pass
- * reads (select_run's copies in shared memory, or the scratch's).
  */
 __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mode, char *ws,
-				const struct ws_layout &L, uint32_t h, struct sel_smem &sm,
-				const float *sc_scan, const uint8_t *nt_scan)
+				const struct ws_layout &L, uint32_t h, struct sel_smem &sm)
 {
 	const float *scores = WSP(float, L, scores, ws, h);
+	const uint8_t *ntok = WSP(uint8_t, L, ntok, ws, h);
 	uint32_t *sel = WSP(uint32_t, L, sel, ws, h);
 	uint32_t *selseg = WSP(uint32_t, L, selseg, ws, h);
 	const uint32_t *ghist = HIST(ws, h);
@@ -1949,12 +1931,11 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 	uint32_t prefix16 = sel_cut16(ghist, need, &mode, &above, sm);
 	if (tid == 0)
 		sm.ncand = 0;
-	cta_copy_wait(); /* select_run's copies (if any) */
 	__syncthreads();
 	/* candidate pass, warp-contiguous ranges */
 	uint32_t R = (((nb + 31) / 32) + 31) & ~31u;
 	uint32_t r0 = min(nb, w * R), r1 = min(nb, r0 + R);
-	uint32_t cnt = sel_scan_warp(sc_scan, nt_scan, r0, r1, prefix16, &sm.ncand, sm.ckey, sm.ciw);
+	uint32_t cnt = sel_scan_warp(scores, ntok, r0, r1, prefix16, &sm.ncand, sm.ckey, sm.ciw);
 	if (lane == 0)
 		sm.wcnt[w] = cnt + (w == 0 && nb > 0); /* the sink */
 	__syncthreads();
@@ -1996,40 +1977,17 @@ __device__ uint64_t sel_need(const struct sel_src &src, double frac, const uint8
 	return need;
 }
 
-/* Bytes of dynamic shared memory before select_run's copy of the scores. */
-#define SEL_PRE_OFF ((sizeof(struct sel_smem) + 15) & ~(size_t)15)
-/* Blocks a context may have for that copy (80 KB of shared memory beside
- * sel_smem's). */
-#define SEL_PRE_MAX 16384u
-
-/* @pre: the blocks the dynamic shared memory holds past SEL_PRE_OFF, as
- * @pre scores and then @pre token counts (a multiple of 16; 0: none).
- * Where the context fits, its scores and token counts are copied there
- * (cp.async) while sel_cut16 walks the histograms, and the candidate pass
- * reads them from shared memory: its loads were two round trips after
- * the cut's chain (one CTA a context: the select is that chain; 12 µs of
- * a 97 µs step at 256K tokens, batch 1, H100). */
 __device__ void select_run(const struct sel_src src, double frac, char *ws,
-			   const struct ws_layout &L, uint32_t h, uint32_t pre)
+			   const struct ws_layout &L, uint32_t h)
 {
 	extern __shared__ __align__(16) unsigned char sel_raw[];
 	struct sel_smem &sm = *(struct sel_smem *)sel_raw;
 	uint32_t nb = src.nb;
 	uint32_t nsel = 0;
 	if (nb > 0) {
-		const float *sc = WSP(const float, L, scores, ws, h);
-		const uint8_t *nt = WSP(const uint8_t, L, ntok, ws, h);
-		if (nb <= pre) { /* both regions are 256-aligned, padded to 256 */
-			float *psc = (float *)(sel_raw + SEL_PRE_OFF);
-			uint8_t *pnt = (uint8_t *)(psc + pre);
-			cta_copy_async(psc, sc, (nb * 4 + 15) & ~15u);
-			cta_copy_async(pnt, nt, (nb + 15) & ~15u);
-			sc = psc;
-			nt = pnt;
-		}
 		int mode;
 		uint64_t need = sel_need(src, frac, WSP(uint8_t, L, ntok, ws, h), &mode);
-		nsel = select_fast(src, need, mode, ws, L, h, sm, sc, nt);
+		nsel = select_fast(src, need, mode, ws, L, h, sm);
 		if (nsel == UINT32_MAX)
 			nsel = select_slow(src, need, mode, ws, L, h);
 	} else if (threadIdx.x == 0) { /* nothing to take */
@@ -2041,23 +1999,23 @@ __device__ void select_run(const struct sel_src src, double frac, char *ws,
 }
 
 __global__ void __launch_bounds__(SEL_T) k_select(const struct gpu_head *heads, double frac,
-						  char *ws, struct ws_layout L, uint32_t pre)
+						  char *ws, struct ws_layout L)
 {
 	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.x];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
 			    WSP(const struct score_tile, L, tiles, ws, blockIdx.x), L.cwl};
-	select_run(s, frac, ws, L, blockIdx.x, pre);
+	select_run(s, frac, ws, L, blockIdx.x);
 }
 
 __global__ void __launch_bounds__(SEL_T) k_select_quest(const struct gpu_dense_head *heads,
 							uint32_t qb, double frac, char *ws,
-							struct ws_layout L, uint32_t pre)
+							struct ws_layout L)
 {
 	pdl_begin();
 	const struct gpu_dense_head *H = &heads[blockIdx.x];
 	struct sel_src s = {(uint32_t)((H->n + qb - 1) / qb), 1, H->n, NULL, NULL, L.cwl};
-	select_run(s, frac, ws, L, blockIdx.x, pre);
+	select_run(s, frac, ws, L, blockIdx.x);
 }
 
 /* ------------------------------------------------------------------ */
@@ -3010,6 +2968,22 @@ __device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes)
 	uint32_t lane = threadIdx.x & 31;
 	for (uint32_t o = lane * 128; o < bytes; o += 32 * 128)
 		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+}
+
+/* cp.async of @bytes (multiple of 16, both 16-aligned) by the whole CTA. */
+__device__ __forceinline__ void cta_copy_async(void *dst, const void *src, uint32_t bytes)
+{
+	for (uint32_t o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16) {
+		uint32_t sa = (uint32_t)__cvta_generic_to_shared((char *)dst + o);
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa),
+			     "l"((const char *)src + o));
+	}
+	asm volatile("cp.async.commit_group;");
+}
+
+__device__ __forceinline__ void cta_copy_wait(void)
+{
+	asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
 /* The K and V slabs of block j of @sg, prefetched into L2. */
@@ -5902,24 +5876,6 @@ static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, i
 	return 0;
 }
 
-/* The one-CTA select's dynamic shared memory for contexts of up to @nb
- * blocks, and in *@pre the blocks its copy of the scores holds
- * (select_run; 0 where they do not fit or GPU_ATTN_SEL_GLOBAL_SCAN). */
-static size_t sel_one_smem(const struct gpu_attn_args *a, uint64_t nb, uint32_t *pre)
-{
-	*pre = 0;
-	int dev = 0, optin = 0;
-	if (!(a->flags & GPU_ATTN_SEL_GLOBAL_SCAN) && nb > 0 && nb <= SEL_PRE_MAX &&
-	    cudaGetDevice(&dev) == cudaSuccess &&
-	    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
-		    cudaSuccess) {
-		const uint32_t p = (uint32_t)((nb + 15) & ~(uint64_t)15);
-		if (SEL_PRE_OFF + (size_t)p * 5 <= (size_t)optin)
-			*pre = p;
-	}
-	return *pre ? SEL_PRE_OFF + (size_t)*pre * 5 : sizeof(struct sel_smem);
-}
-
 /* Whether the step's select orders the attention CTAs (lpt_order): where
  * the many-CTA select leaves only the cut, unless GPU_ATTN_SLOT_ORDER;
  * for Quest (@quest) only with GPU_ATTN_WORK_ORDER (H200, 1M tokens,
@@ -5974,12 +5930,10 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		return rc;
 	L.lpt = lpt_of(a, L, many, false);
 	if (!many) {
-		uint32_t pre;
-		const size_t sm = sel_one_smem(a, a->max_blocks, &pre);
 		GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					    (int)sm));
-		GPU_CK(gpu_launch(pdl_of(a), k_select, dim3(a->n_heads), SEL_T, sm, s, heads,
-				  a->token_frac, ws, L, pre));
+					    (int)sizeof(struct sel_smem)));
+		GPU_CK(gpu_launch(pdl_of(a), k_select, dim3(a->n_heads), SEL_T,
+				  sizeof(struct sel_smem), s, heads, a->token_frac, ws, L));
 		return 0;
 	}
 	GPU_CK(cudaFuncSetAttribute(k_msel_count, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -6104,13 +6058,12 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 			return rc;
 		L.lpt = lpt_of(a, L, many, true);
 		if (!many) {
-			uint32_t pre;
-			const size_t sm = sel_one_smem(a, a->max_blocks, &pre);
 			GPU_CK(cudaFuncSetAttribute(k_select_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
-						    (int)sm));
-			GPU_CK(gpu_launch(pdl_of(a), k_select_quest, dim3(a->n_heads), SEL_T, sm, s,
-					  heads, a->quest_b, a->token_frac, ws, L, pre));
+						    (int)sizeof(struct sel_smem)));
+			GPU_CK(gpu_launch(pdl_of(a), k_select_quest, dim3(a->n_heads), SEL_T,
+					  sizeof(struct sel_smem), s, heads, a->quest_b,
+					  a->token_frac, ws, L));
 		} else {
 			GPU_CK(cudaFuncSetAttribute(k_msel_count_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -254,11 +254,6 @@ struct gpu_attn_args {
  * per-CTA counts after its exact cut, as before the thirty-seventh
  * session (by default beside the candidates, before the cut). */
 #define GPU_ATTN_SEL_TAIL_SERIAL 16777216u
-/* The one-CTA select reads its candidate pass's scores from global memory
- * after the cut's histogram chain, as before the thirty-seventh session
- * (by default, for contexts of up to 16,384 blocks, they are copied to
- * shared memory during that chain). */
-#define GPU_ATTN_SEL_GLOBAL_SCAN 33554432u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
 GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);

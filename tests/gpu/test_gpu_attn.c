@@ -1836,8 +1836,7 @@ static void cut_equals_list(struct run *r, uint32_t h, uint32_t nb, const struct
 }
 
 /*
- * The select with flags @fa (by default the many-CTA select) and with
- * @fb (the one-CTA select) make the same
+ * The many-CTA select and the one-CTA select make the same
  * selection and chunk list, bit for bit, on a freshly poisoned scratch
  * each time; the cut each leaves takes the same blocks (cut_equals_list;
  * @nbs: the heads' block counts), and so does the cut of the stage run
@@ -1845,14 +1844,14 @@ static void cut_equals_list(struct run *r, uint32_t h, uint32_t nb, const struct
  * heads have packed rows to attend).  Returns the heads' total selected
  * count.
  */
-static uint64_t same_selection_with(struct run *r, const void *dheads, uint64_t seed,
-				    const uint32_t *nbs, int step, uint32_t fa, uint32_t fb)
+static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed,
+			       const uint32_t *nbs, int step)
 {
 	struct sel_out one[MAXH], many[MAXH];
 	uint64_t total = 0;
 	for (int pass = 0; pass < 2; pass++) {
 		GU_CK(cudaMemset(r->ws, 0xff, r->a.ws_bytes));
-		r->a.flags = pass ? fb : fa;
+		r->a.flags = pass ? GPU_ATTN_SELECT_ONE_CTA : GPU_ATTN_SELECT_MANY_CTAS;
 		cr_assert_eq(gpu_score_select(&r->a, dheads, 0), 0);
 		GU_CK(cudaDeviceSynchronize());
 		for (uint32_t h = 0; h < r->H; h++) {
@@ -1902,17 +1901,9 @@ static uint64_t same_selection_with(struct run *r, const void *dheads, uint64_t 
 	return total;
 }
 
-static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed,
-			       const uint32_t *nbs, int step)
+Test(gpu, select_many_ctas_equals_one_cta)
 {
-	return same_selection_with(r, dheads, seed, nbs, step, GPU_ATTN_SELECT_MANY_CTAS,
-				   GPU_ATTN_SELECT_ONE_CTA);
-}
-
-/* same_selection_with(@fa, @fb) over the budgets below (the radix cut,
- * only the sink, everything, half) on three heads of ~2,000-4,000 blocks */
-static void select_pair(uint32_t fa, uint32_t fb)
-{
+	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
@@ -1934,7 +1925,7 @@ static void select_pair(uint32_t fa, uint32_t fb)
 		uint32_t nbs[MAXH];
 		for (uint32_t h = 0; h < H; h++)
 			nbs[h] = c[h].n_blocks;
-		uint64_t n = same_selection_with(&r, r.dheads, seed, nbs, 1, fa, fb);
+		uint64_t n = same_selection(&r, r.dheads, seed, nbs, 1);
 		if (fracs[f] == 1.0) {
 			uint64_t all = 0;
 			for (uint32_t h = 0; h < H; h++)
@@ -1947,22 +1938,6 @@ static void select_pair(uint32_t fa, uint32_t fb)
 	}
 	for (uint32_t h = 0; h < H; h++)
 		gu_ctx_free(&c[h]);
-}
-
-Test(gpu, select_many_ctas_equals_one_cta)
-{
-	GU_NEED_GPU();
-	select_pair(GPU_ATTN_SELECT_MANY_CTAS, GPU_ATTN_SELECT_ONE_CTA);
-}
-
-/* The one-CTA select's candidate pass over its copy of the scores in
- * shared memory (select_run, contexts of up to 16,384 blocks) and over the
- * scores in global memory (GPU_ATTN_SEL_GLOBAL_SCAN, the version before):
- * the same selection, lists and cut. */
-Test(gpu, select_shared_scan_equals_global)
-{
-	GU_NEED_GPU();
-	select_pair(GPU_ATTN_SELECT_ONE_CTA | GPU_ATTN_SEL_GLOBAL_SCAN, GPU_ATTN_SELECT_ONE_CTA);
 }
 
 /* 1M tokens in one context, summaries random or all equal (every block
