@@ -14,11 +14,12 @@ with its early loads (ours_pre, os_pre, g28_pre: GPU_ATTN_SCORE_PRE); since
 the thirty-seventh the select's tail in its serial order (ours_sts,
 g28_sts: GPU_ATTN_SEL_TAIL_SERIAL) and the many-CTA select forced where
 the step takes the one-CTA select (ours_mny, g28_mny, beside the stage's
-os_1cta and os_many)."""
+os_1cta and os_many; ours_mso, ours_mni: that in slot order and without
+idle marks)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_sts", "ours_mny", "ours_pre", "ours_g2", "g2_s8", "g28_sts",
-           "g28_mny", "g28_pre", "oscore", "os_1cta", "os_many", "quest_us"]
+DEFAULT = ["ours_us", "ours_sts", "ours_mny", "ours_mso", "ours_mni", "ours_pre", "ours_g2",
+           "g2_s8", "g28_sts", "g28_mny", "oscore", "os_1cta", "os_many", "quest_us"]
 
 
 def rows(path):
