@@ -2094,7 +2094,13 @@ __device__ bool last_cta_in_row(uint32_t *ticket, bool *sh_last)
  * then count in their segment's note here, as packed_cta_work would have
  * counted them (k_segrot reads the notes after the attention kernel).
  * GPU_ATTN_NO_IDLE (L.lpt without bit 1) writes no marks.
+ *
+ * In parts: lpt_heads and lpt_window read (the buffer, the window count,
+ * each window's entry and granules), lpt_rank orders.  lpt_order runs
+ * them one after another; msel_count issues the reads beside its
+ * candidates' before the exact cut, and ranks after it.
  */
+
 /* Whether lpt_order has room for context @src's order in its scratch
  * (else the slot order), and its windows' table entries (mw). */
 static __device__ __forceinline__ bool lpt_room(const struct sel_src &src,
