@@ -246,9 +246,10 @@ struct gpu_attn_args {
  * summaries before it waits for k_qrot (by default it waits before it
  * builds or loads anything).  Not the default: on the H100 (thirty-sixth
  * session, three runs) the step at 512K tokens, batch 1, was 3 % faster
- * with it and at 256K 3-4 % slower (there every score CTA is resident
- * while k_qrot runs, and their loads share the DRAM with k_qrot's), at 1M
- * the same; kept to measure on other shapes and cards. */
+ * with it and at 256K 3-4 % slower, at 1M the same (why 256K loses is
+ * open: not DRAM shared with k_qrot's loads, since holding the score
+ * kernel's launch until k_qrot's rotations had arrived lost as well,
+ * thirty-seventh session); kept to measure on other shapes and cards. */
 #define GPU_ATTN_SCORE_PRE 8388608u
 /* The many-CTA select's last CTA loads the order's windows and the
  * per-CTA counts after its exact cut, as before the thirty-seventh
