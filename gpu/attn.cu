@@ -94,6 +94,10 @@ struct ws_layout {
 	uint32_t pb;       /* a window's part holds at least this many
 			    * selected blocks where it has more than one
 			    * (PART_BLOCKS, or 64 with GPU_ATTN_PART_64) */
+	uint32_t wc, wm;   /* the attention kernel's first wave where the
+			    * CTAs are ordered: CTAs an SM and SMs
+			    * (gpu_wave_rank; 0: rank order; set by the
+			    * launch, wave_of) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -330,15 +334,17 @@ int gpu_device_ok(void)
 	 2 * ((size_t)(h) * ((L).max_segs + 1) + (si)))
 
 /* The slot (context *@hi, slot *@x) an attention CTA works on where the
- * select ordered them (ws_layout.lpt, lpt_order): the CTA of dispatch
- * rank b takes rank b / heads of context b % heads's order, so that every
- * context's heaviest slots go first and the contexts interleave.  True
+ * select ordered them (ws_layout.lpt, lpt_order): the CTA at dispatch
+ * position p takes b = gpu_wave_rank(p), rank b / heads of context
+ * b % heads's order, so that every context's heaviest slots go first, the
+ * contexts interleave and the first wave's SMs share the heavy ones.  True
  * where the slot has no work (GPU_ORDER_IDLE): the CTA then only marks its
  * partial empty.  Read after pdl_begin (the select wrote it). */
 __device__ __forceinline__ bool lpt_slot(const char *ws, const struct ws_layout &L, uint32_t *hi,
 					 uint32_t *x)
 {
-	const uint32_t b = blockIdx.y * gridDim.x + blockIdx.x, h = b % gridDim.y;
+	const uint32_t b = gpu_wave_rank(blockIdx.y * gridDim.x + blockIdx.x, L.wc, L.wm),
+		       h = b % gridDim.y;
 	const uint32_t v = __ldcg(WSP(const uint32_t, L, order, ws, h) + b / gridDim.y);
 	*hi = h;
 	*x = v & ~GPU_ORDER_IDLE;
@@ -5899,6 +5905,28 @@ static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L,
 	       (a->flags & GPU_ATTN_SEL_TAIL_SERIAL ? 4u : 0u);
 }
 
+/* The attention kernel's first wave for gpu_wave_rank (L.wc, L.wm) where
+ * its CTAs are ordered (L.lpt), unless GPU_ATTN_ORDER_FLAT: @kern's
+ * 128-thread CTAs an SM at @smem bytes, and the SMs they fill (fewer where
+ * the grid is smaller). */
+template <typename K>
+static int wave_of(const struct gpu_attn_args *a, struct ws_layout &L, K kern, size_t smem)
+{
+	L.wc = L.wm = 0;
+	if (!L.lpt || (a->flags & GPU_ATTN_ORDER_FLAT))
+		return 0;
+	int dev = 0, nsm = 0, occ = 0;
+	GPU_CK(cudaGetDevice(&dev));
+	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 128, smem));
+	const uint64_t n = (uint64_t)L.slots * a->n_heads;
+	if (occ < 1 || nsm < 1 || n < (uint64_t)occ)
+		return 0;
+	L.wc = (uint32_t)occ;
+	L.wm = (uint32_t)(n / (uint64_t)occ < (uint64_t)nsm ? n / (uint64_t)occ : (uint64_t)nsm);
+	return 0;
+}
+
 template <int NQ>
 static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_head *heads,
 			       struct ws_layout &L, cudaStream_t s, int upto = 3)
@@ -5965,6 +5993,8 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 		size_t smem = sizeof(pk_smem);
 		GPU_CK(cudaFuncSetAttribute(k_attn_packed<NQ, D>,
 					    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		if ((rc = wave_of(a, L, k_attn_packed<NQ, D>, smem)))
+			return rc;
 		GPU_CK(gpu_launch(pdl_of(a), k_attn_packed<NQ, D>, dim3(L.slots, a->n_heads), 128,
 				  smem, s, heads, a->q, scale2_of(a), (char *)a->ws, L));
 	} else {
@@ -5982,6 +6012,8 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 					      : sizeof(st_smem<NU, D / 16, ST_ROWB>);
 		GPU_CK(cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					    (int)smem));
+		if ((rc = wave_of(a, L, attn, smem)))
+			return rc;
 		GPU_CK(gpu_launch(pdl_of(a), attn, dim3(L.slots, a->n_heads), 128, smem, s, heads,
 				  a->q, scale2_of(a), (char *)a->ws, L, a->flags));
 		/* every segment in one chunk (seg_whole): nothing left for k_segrot */
@@ -6086,6 +6118,8 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 	if (!attend)
 		return 0;
 	/* (dense: the step's first kernel, launched plainly) */
+	if (int rc = wave_of(a, L, k_attn_dense<NQ, D>, 0))
+		return rc;
 	GPU_CK(gpu_launch(quest && pdl_of(a), k_attn_dense<NQ, D>, dim3(L.slots, a->n_heads), 128,
 			  0, s, heads, a->q, scale2_of(a), ws, L, quest, a->quest_b));
 	GPU_CK(gpu_launch(pdl_of(a), k_merge<D>, dim3(a->n_heads, NQ), MERGE_T, 0, s, (uint32_t)NQ,

@@ -58,6 +58,12 @@ extern "C" {
 #define GPU_HIDDEN
 #endif
 
+#ifdef __CUDACC__
+#define GPU_HD __host__ __device__
+#else
+#define GPU_HD
+#endif
+
 #define GPU_MAX_D 128   /* head dims 64 and 128 */
 #define GPU_MAX_NQ 8    /* query heads per KV head: 1, 2, 3, 4 or 8 */
 
@@ -275,6 +281,34 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * output is the same bits either way. */
 #define GPU_ATTN_SLOT_ORDER 131072u
 #define GPU_ATTN_WORK_ORDER 262144u
+/* Where the CTAs are ordered by work, the attention kernel's first wave
+ * takes the heaviest ranks spread over its SMs (gpu_wave_rank); with
+ * GPU_ATTN_ORDER_FLAT it takes them in rank order, as before the
+ * thirty-eighth session (kept to compare). */
+#define GPU_ATTN_ORDER_FLAT 33554432u
+
+/*
+ * The rank (in the order's sequence: rank r of context h at r · n_heads
+ * + h) that the attention CTA at dispatch position @b takes.  Why: the
+ * hardware fills an SM's slots from a few consecutive positions of the
+ * first wave (bench/cta_probe.py, H100, 1M tokens: each of 4 SMs took 5 of
+ * 20 consecutive positions), so in rank order the heaviest CTAs shared
+ * the first SMs and those SMs ran longest (at 256K tokens the work is one
+ * wave: busy span max/avg 1.48 ordered, 1.26 in slot order).  The first
+ * @wc · @wm positions (@wc: CTAs an SM, @wm: SMs) are read as @wm columns
+ * of @wc rows: position b, row b % wc, column b / wc, takes rank
+ * row · wm + column, odd rows reversed, so that a run of consecutive
+ * positions holds ranks from every row, heavy beside light; the positions
+ * after keep their rank and the longest-first order.  A bijection of
+ * [0, n) for every n >= wc · wm (wc = 0: the identity).
+ */
+static inline GPU_HD uint32_t gpu_wave_rank(uint32_t b, uint32_t wc, uint32_t wm)
+{
+	if (b >= wc * wm)
+		return b;
+	const uint32_t row = b % wc, col = b / wc;
+	return row * wm + (row & 1u ? wm - 1u - col : col);
+}
 
 /* Bytes of scratch a call with these maxima needs (packed, quest or dense;
  * for dense, max_blocks counts tokens / quest_b). */

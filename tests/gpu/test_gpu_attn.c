@@ -1034,6 +1034,8 @@ static void check_lpt_order(uint32_t extra)
 	long_run(c, &r, seed, 0.1, fl);
 	same_bits(&r, seed, fl | GPU_ATTN_NO_IDLE, fl | GPU_ATTN_SLOT_ORDER,
 		  "ordered CTAs without idle marks and slot-order CTAs");
+	same_bits(&r, seed, fl | GPU_ATTN_ORDER_FLAT, fl | GPU_ATTN_SLOT_ORDER,
+		  "ordered CTAs with the first wave in rank order and slot-order CTAs");
 	/* the ordered run last: its scratch is read below */
 	same_bits(&r, seed, fl | GPU_ATTN_SLOT_ORDER, fl, "ordered and slot-order CTAs");
 	for (uint32_t h = 0; h < H; h++) {
@@ -1120,6 +1122,57 @@ static void check_lpt_order(uint32_t extra)
 	run_free(&r);
 	for (uint32_t h = 0; h < H; h++)
 		gu_ctx_free(&c[h]);
+}
+
+/*
+ * gpu_wave_rank (no GPU: a host function) against the snake built here
+ * cell by cell: the first wc · wm positions as wm columns of wc rows
+ * (position b in row b % wc, column b / wc), ranks dealt row by row, odd
+ * rows right to left; positions after keep their rank.  It is a bijection
+ * of [0, n), and with wc even every column's ranks sum to the same
+ * (an SM's run of consecutive positions gets heavy and light alike).
+ */
+Test(gpu, wave_rank_snake)
+{
+	static const uint32_t shapes[][3] = {{5, 132, 1304}, {5, 132, 3096}, {5, 78, 390},
+					     {4, 132, 528},  {3, 7, 40},     {1, 9, 9},
+					     {0, 132, 50},   {6, 1, 6},      {2, 3, 100}};
+	for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+		const uint32_t wc = shapes[k][0], wm = shapes[k][1], n = shapes[k][2];
+		uint32_t *want = malloc(4 * (size_t)n);
+		uint8_t *seen = calloc(n, 1);
+		for (uint32_t b = 0; b < n; b++)
+			want[b] = b;
+		uint32_t next = 0;
+		for (uint32_t row = 0; row < wc; row++)
+			for (uint32_t i = 0; i < wm; i++) {
+				uint32_t col = row % 2 ? wm - 1 - i : i;
+				want[col * wc + row] = next++;
+			}
+		for (uint32_t b = 0; b < n; b++) {
+			uint32_t g = gpu_wave_rank(b, wc, wm);
+			cr_assert_eq(g, want[b], "wc %u wm %u: position %u takes %u, want %u", wc, wm,
+				     b, g, want[b]);
+			cr_assert(g < n && !seen[g], "wc %u wm %u n %u: rank %u twice or past n", wc,
+				  wm, n, g);
+			seen[g] = 1;
+		}
+		if (wc % 2 == 0 && wc) {
+			uint64_t s0 = 0;
+			for (uint32_t col = 0; col < wm; col++) {
+				uint64_t sum = 0;
+				for (uint32_t row = 0; row < wc; row++)
+					sum += gpu_wave_rank(col * wc + row, wc, wm);
+				if (col == 0)
+					s0 = sum;
+				cr_assert_eq(sum, s0, "wc %u wm %u: column %u sums %llu, column 0 %llu",
+					     wc, wm, col, (unsigned long long)sum,
+					     (unsigned long long)s0);
+			}
+		}
+		free(want);
+		free(seen);
+	}
 }
 
 Test(gpu, packed_lpt_order, .timeout = 120)
