@@ -1985,7 +1985,7 @@ __device__ uint64_t sel_need(const struct sel_src &src, double frac, const uint8
 }
 
 static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
-					       const struct ws_layout &L, uint32_t h, uint32_t nh,
+					       const struct ws_layout &L, uint32_t h,
 					       struct sel_smem &sm, bool bound);
 
 __device__ void select_run(const struct sel_src src, double frac, char *ws,
@@ -2010,7 +2010,7 @@ __device__ void select_run(const struct sel_src src, double frac, char *ws,
 	}
 	if (L.lpt) { /* GPU_ATTN_ONE_CTA_ORDER: the attention CTAs' order here */
 		__syncthreads(); /* the selects' shared arrays are done */
-		lpt_order(src, ws, L, h, gridDim.x, sm, bound); /* a CTA a context */
+		lpt_order(src, ws, L, h, sm, bound);
 	}
 	if (!L.cut_only)
 		build_chunks(src, nsel, ws, L, h, sm.scan);
@@ -2188,11 +2188,9 @@ static __device__ __forceinline__ uint32_t lpt_window(const struct sel_src &src,
 
 /* The order from the windows' entries @wn (lpt_window's, lpt_mw of them,
  * in shared memory, written before a barrier) and @in; @key (L.slots
- * words) and @bins (cw + 1 words) are shared scratch; @nh: the step's
- * contexts (the segment notes' stride: the one-CTA select's grid is
- * (contexts), the many-CTA count's (CTAs, contexts)). */
+ * words) and @bins (cw + 1 words) are shared scratch. */
 static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char *ws,
-					      const struct ws_layout &L, uint32_t h, uint32_t nh,
+					      const struct ws_layout &L, uint32_t h,
 					      const uint32_t *wn, struct lpt_in in, uint32_t *key,
 					      uint32_t *bins, bool bound)
 {
@@ -2216,7 +2214,7 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 				mark = marks && bound;
 				if (mark && k == 0 && src.segs) {
 					/* as packed_cta_work counts an empty part */
-					uint32_t *note = SEGNOTE(ws, L, nh, h, wn[wx] >> 10);
+					uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, wn[wx] >> 10);
 					atomicAdd(&note[0], 1u);
 					atomicMax(&note[1], ~x);
 				}
@@ -2253,7 +2251,7 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 }
 
 static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
-					       const struct ws_layout &L, uint32_t h, uint32_t nh,
+					       const struct ws_layout &L, uint32_t h,
 					       struct sel_smem &sm, bool bound)
 {
 	if (!lpt_room(src, L)) { /* no room: slot order */
@@ -2268,7 +2266,7 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 	for (uint32_t wx = threadIdx.x; wx < lpt_mw(L); wx += SEL_T)
 		sm.ciw[wx] = lpt_window(src, g32, wx, in.nw,
 					src.segs ? __ldcg(wd + wx) : make_uint4(0, 0, 0, 0));
-	lpt_rank(src, ws, L, h, nh, sm.ciw, in, sm.ckey, sm.h, bound);
+	lpt_rank(src, ws, L, h, sm.ciw, in, sm.ckey, sm.h, bound);
 }
 
 __device__ void msel_count(const struct sel_src src, double frac, char *ws,
@@ -2332,7 +2330,7 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 		}
 		if (L.lpt) {
 			__syncthreads(); /* select_slow's shared arrays are done */
-			lpt_order(src, ws, L, h, gridDim.y, sm, false);
+			lpt_order(src, ws, L, h, sm, false);
 		}
 		return;
 	}
@@ -2380,9 +2378,9 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	if (L.lpt) {
 		__syncthreads(); /* warp 0 has read sm.wcnt; sel_exact is done */
 		if (early)
-			lpt_rank(src, ws, L, h, gridDim.y, sm.lwn, in, sm.ckey, sm.h, true);
+			lpt_rank(src, ws, L, h, sm.lwn, in, sm.ckey, sm.h, true);
 		else
-			lpt_order(src, ws, L, h, gridDim.y, sm, true);
+			lpt_order(src, ws, L, h, sm, true);
 	}
 }
 
