@@ -16,11 +16,10 @@ g28_sts: GPU_ATTN_SEL_TAIL_SERIAL) and the many-CTA select forced where
 the step takes the one-CTA select (ours_mny, g28_mny, beside the stage's
 os_1cta and os_many; ours_mso, ours_mni: that in slot order and without
 idle marks); since the thirty-eighth the first wave in rank order
-(ours_ofl, ours_mfl: GPU_ATTN_ORDER_FLAT, beside ours_us and ours_mny)
-and the one-CTA select ordering them too (ours_1or)."""
+(ours_ofl, ours_mfl: GPU_ATTN_ORDER_FLAT, beside ours_us and ours_mny)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_ofl", "ours_1or", "ours_mny", "ours_mfl", "ours_mso", "ours_pre", "ours_g2",
+DEFAULT = ["ours_us", "ours_ofl", "ours_mny", "ours_mfl", "ours_mso", "ours_pre", "ours_g2",
            "g2_s8", "g28_mny", "oscore", "os_1cta", "os_many", "quest_us"]
 
 

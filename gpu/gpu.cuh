@@ -286,10 +286,6 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * GPU_ATTN_ORDER_FLAT it takes them in rank order, as before the
  * thirty-eighth session (kept to compare). */
 #define GPU_ATTN_ORDER_FLAT 33554432u
-/* The one-CTA select (below 32,768 blocks a context at batch 1) orders the
- * attention CTAs too, after its cut (PackedAttention; by default only the
- * many-CTA select orders them).  An option while it is measured. */
-#define GPU_ATTN_ONE_CTA_ORDER 67108864u
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads
@@ -359,8 +355,7 @@ GPU_HIDDEN uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head)
  * its key is above the first word, or equal to it with i <= the second. */
 GPU_HIDDEN uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head);
 /* After a step that ordered its attention CTAs (GPU_ATTN_SLOT_ORDER
- * unset, the many-CTA select leaving the cut, or the one-CTA select with
- * GPU_ATTN_ONE_CTA_ORDER): the order, *@slots words
+ * unset, the many-CTA select leaving the cut): the order, *@slots words
  * for context @head, the slot index of each rank (@quest: Quest's step's
  * layout), | GPU_ORDER_IDLE where the select found the slot without work.
  * Device pointer. */

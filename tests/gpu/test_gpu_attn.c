@@ -1013,9 +1013,8 @@ Test(gpu, packed_pdl_equals_plain, .timeout = 120)
 static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
 
 /*
- * The attention CTAs ordered by their work (lpt_order: the select @sel
+ * The attention CTAs ordered by their work (lpt_order: the many-CTA select
  * leaving the cut) give the same bits as in slot order (GPU_ATTN_SLOT_ORDER),
- * also with the first wave in rank order (GPU_ATTN_ORDER_FLAT),
  * and each context's order is a permutation of its slots by non-increasing
  * work as counted here from the step's scores and cut: per 32-block
  * granule the blocks at or above the cut's 16-bit bin (the sink always),
@@ -1024,11 +1023,12 @@ static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
  * is marked idle (GPU_ORDER_IDLE) iff that work is 0, and an idle slot's
  * part of its window takes no block by the cut's own rule (sel_take).
  */
-static void check_lpt_order(uint32_t sel, uint32_t extra)
+static void check_lpt_order(uint32_t extra)
 {
 	uint64_t seed = gu_seed();
 	const uint32_t H = LONG_H, nseg = LONG_NSEG;
-	const uint32_t fl = GPU_ATTN_SMALL_ROWS | sel | GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_2 | extra;
+	const uint32_t fl = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_256 |
+			    GPU_ATTN_PARTS_2 | extra;
 	struct gu_ctx c[MAXH];
 	struct run r;
 	long_run(c, &r, seed, 0.1, fl);
@@ -1178,14 +1178,7 @@ Test(gpu, wave_rank_snake)
 Test(gpu, packed_lpt_order, .timeout = 120)
 {
 	GU_NEED_GPU();
-	check_lpt_order(GPU_ATTN_SELECT_MANY_CTAS, 0);
-}
-
-/* The same order from the one-CTA select (GPU_ATTN_ONE_CTA_ORDER). */
-Test(gpu, packed_lpt_order_one_cta, .timeout = 120)
-{
-	GU_NEED_GPU();
-	check_lpt_order(GPU_ATTN_SELECT_ONE_CTA | GPU_ATTN_ONE_CTA_ORDER, 0);
+	check_lpt_order(0);
 }
 
 /* The same with the count's last CTA loading the windows after its exact
@@ -1194,7 +1187,7 @@ Test(gpu, packed_lpt_order_one_cta, .timeout = 120)
 Test(gpu, packed_lpt_order_serial_tail, .timeout = 120)
 {
 	GU_NEED_GPU();
-	check_lpt_order(GPU_ATTN_SELECT_MANY_CTAS, GPU_ATTN_SEL_TAIL_SERIAL);
+	check_lpt_order(GPU_ATTN_SEL_TAIL_SERIAL);
 }
 
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
