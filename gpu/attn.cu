@@ -112,6 +112,15 @@ static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 enum ws_mode { WS_PACKED = 0, WS_QUEST = 1, WS_DENSE = 2 };
 
+/* The current device's SMs in *@nsm: 0 or a negative errno. */
+static int sm_count(int *nsm)
+{
+	int dev = 0;
+	GPU_CK(cudaGetDevice(&dev));
+	GPU_CK(cudaDeviceGetAttribute(nsm, cudaDevAttrMultiProcessorCount, dev));
+	return 0;
+}
+
 /*
  * Blocks per work chunk (a CTA's share of one segment's selection), log2.
  * A wider chunk cuts the fixed work per selected block (the queries'
@@ -148,10 +157,8 @@ static uint32_t chunk_lg(const struct gpu_attn_args *a)
 	uint64_t tot = (uint64_t)a->n_heads * a->max_blocks;
 	if (tot >= CHUNK_512_BLOCKS)
 		return 9;
-	int dev = 0, nsm = 0;
-	if (cudaGetDevice(&dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-	    nsm <= 0)
+	int nsm = 0;
+	if (sm_count(&nsm) || nsm <= 0)
 		return 8;
 	uint32_t lg = 8;
 	while (lg > 6 && (tot >> lg) < (uint64_t)CHUNK_WINS_PER_SM * (uint64_t)nsm)
@@ -1345,9 +1352,9 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	*smem = sizeof(struct score_smem<NQP(NQ)>);
 	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)*smem));
-	int dev = 0, nsm = 0, per = 0;
-	GPU_CK(cudaGetDevice(&dev));
-	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	int nsm = 0, per = 0, rc = sm_count(&nsm);
+	if (rc)
+		return rc;
 	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, SCORE_T, *smem));
 	uint64_t slots = (uint64_t)(nsm > 0 ? nsm : 1) * (per > 0 ? per : 1);
 	uint64_t tph = (a->max_blocks + SCORE_T - 1) / SCORE_T;
@@ -5854,9 +5861,9 @@ static float scale2_of(const struct gpu_attn_args *a)
  */
 static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, int *many)
 {
-	int dev = 0, nsm = 0;
-	GPU_CK(cudaGetDevice(&dev));
-	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	int nsm = 0, rc = sm_count(&nsm);
+	if (rc)
+		return rc;
 	/* H200, bench/attn (os_1cta against os_many, since the grid is one
 	 * wave): many CTAs win at 512K and 1M tokens with 8 contexts (-6,
 	 * -23 µs) and at 1M with 64 (-12 µs), tie at 512K with 64, lose at
@@ -5915,9 +5922,9 @@ static int wave_of(const struct gpu_attn_args *a, struct ws_layout &L, K kern, s
 	L.wc = L.wm = 0;
 	if (!L.lpt || (a->flags & GPU_ATTN_ORDER_FLAT))
 		return 0;
-	int dev = 0, nsm = 0, occ = 0;
-	GPU_CK(cudaGetDevice(&dev));
-	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	int nsm = 0, occ = 0, rc = sm_count(&nsm);
+	if (rc)
+		return rc;
 	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 128, smem));
 	const uint64_t n = (uint64_t)L.slots * a->n_heads;
 	if (occ < 1 || nsm < 1 || n < (uint64_t)occ)
@@ -6053,9 +6060,9 @@ static int launch_dense_tc(const struct gpu_attn_args *a, const struct gpu_dense
 	const size_t smem = dn_smem_bytes<D, TMA>(ST);
 	auto kern = k_attn_dense_tc<NQ, D, ST, TMA>;
 	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	int dev = 0, nsm = 0, occ = 0;
-	GPU_CK(cudaGetDevice(&dev));
-	GPU_CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+	int nsm = 0, occ = 0, rc = sm_count(&nsm);
+	if (rc)
+		return rc;
 	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 128, smem));
 	if (occ < 1)
 		return -EIO;
