@@ -286,6 +286,15 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * GPU_ATTN_ORDER_FLAT it takes them in rank order, as before the
  * thirty-eighth session (kept to compare). */
 #define GPU_ATTN_ORDER_FLAT 33554432u
+/* Block scores of staged bf16 tiles on the tensor cores (k_score): per
+ * warp of 32 rows, [max | min] summaries by ldmatrix times the split
+ * query [q⁺; q⁻] in three bf16 parts, one mma a k-step and part, instead
+ * of a thread a row and ~600 instructions.  The sums' order differs from
+ * mkv_score_blocks' (a few ulps of the terms, as GPU_ATTN_SCORE_FMA's);
+ * 8-bit summaries and tiles that are not staged keep the thread-a-row
+ * score.  Not the default until measured (bench/attn's ours_mma, os_mma,
+ * g2_mma). */
+#define GPU_ATTN_SCORE_MMA 67108864u
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads
