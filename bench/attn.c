@@ -38,9 +38,12 @@
  * replay of a CUDA graph of the whole step, timed with events; the median
  * of 20 is reported.
  *
- * Usage: attn [--sdpa FILE] [--ctx 32768,...] [--batch 1,8] [--seg N] [--once 1]
+ * Usage: attn [--sdpa FILE] [--ctx 32768,...] [--batch 1,8] [--seg N] [--once 1..4]
  *             [--split 1] (--split: a line per shape with ours' score stage
- *             timed in parts, clear + qrot, + the score kernel, + the select)
+ *             timed in parts, clear + qrot, + the score kernel, + the select;
+ *             --once: one call of each contender, untimed, for profilers: 1
+ *             the main columns, 2 the same after ours_g2, 3 ours_mny,
+ *             ours_mso, ours_mfl, 4 oscore and os_mma)
  */
 #include <errno.h>
 #include <math.h>
@@ -895,6 +898,12 @@ int main(int argc, char **argv)
 				RC(f_packed_many(&a, dheads, st));
 				RC(f_packed_many_so(&a, dheads, st));
 				RC(f_packed_many_fl(&a, dheads, st));
+				CK(cudaStreamSynchronize(st));
+				continue;
+			}
+			if (once == 4) { /* oscore, os_mma (ncu on k_score) */
+				RC(f_packed_ss(&a, dheads, st));
+				RC(f_packed_ss_mma(&a, dheads, st));
 				CK(cudaStreamSynchronize(st));
 				continue;
 			}
