@@ -1064,21 +1064,36 @@ struct score_stage {
 	float q[SCORE_SMAX * 2 * P];
 };
 
-template <int P>
+/* The score kernel's pipeline: @NS stages of tiles (tile i + NS - 1's rows
+ * are issued while tile i is scored), descriptors score_desc_ahead tiles
+ * ahead in a ring of score_ring slots.  Two stages keep one tile in
+ * flight a CTA between the waits; three (GPU_ATTN_SCORE_3STAGE) two, at
+ * two CTAs an SM instead of three. */
+__host__ __device__ constexpr uint32_t score_desc_ahead(int NS)
+{
+	return NS == 2 ? 2u : (uint32_t)NS + 1u;
+}
+__host__ __device__ constexpr uint32_t score_ring(int NS)
+{
+	return NS == 2 ? 4u : 8u;
+}
+
+template <int P, int NS = 2>
 struct score_smem {
-	struct score_stage<P> st[2];
-	struct score_tile d[4]; /* descriptors, a ring: tile i at i % 4 */
+	struct score_stage<P> st[NS];
+	struct score_tile d[score_ring(NS)]; /* descriptors, a ring: tile i at i % ring */
 	uint32_t hi[HIST_HI];
 };
 
 /* Descriptor of tile @i to the ring (4 lanes, 16 bytes each). */
-template <int P>
-__device__ __forceinline__ void score_desc(struct score_smem<P> &sm, const struct score_tile *tl,
-					   uint32_t i)
+template <int P, int NS>
+__device__ __forceinline__ void score_desc(struct score_smem<P, NS> &sm,
+					   const struct score_tile *tl, uint32_t i)
 {
 	static_assert(sizeof(struct score_tile) == 64, "four 16-byte pieces");
 	if (threadIdx.x < 4)
-		cp16((uint4 *)&sm.d[i & 3] + threadIdx.x, (const uint4 *)&tl[i] + threadIdx.x);
+		cp16((uint4 *)&sm.d[i % score_ring(NS)] + threadIdx.x,
+		     (const uint4 *)&tl[i] + threadIdx.x);
 }
 
 /* Piece p of a tile's rows lives at sw16(p): an XOR within each 128-byte
@@ -1334,14 +1349,16 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  * multiple of 8), are scored from global memory.  Same arithmetic as
  * bound_score_pm either way.
  */
-template <int NQ, bool FM, bool MMA = false>
+template <int NQ, bool FM, bool MMA = false, int NS = 2>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
 						   struct ws_layout L, uint32_t K, uint32_t pre)
 {
 	pdl_trigger();
 	constexpr int P = NQP(NQ);
+	constexpr uint32_t RING = score_ring(NS), DA = score_desc_ahead(NS);
+	static_assert(NS >= 2 && NS <= 3, "k_score: two or three stages");
 	extern __shared__ __align__(16) unsigned char score_dyn[];
-	struct score_smem<P> &sm = *(struct score_smem<P> *)score_dyn;
+	struct score_smem<P, NS> &sm = *(struct score_smem<P, NS> *)score_dyn;
 	const struct gpu_head *H = &heads[blockIdx.y];
 	uint32_t nb = H->n_blocks;
 	uint32_t ntile = (nb + SCORE_T - 1) / SCORE_T, T0 = blockIdx.x * K;
@@ -1364,7 +1381,10 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	 * issued into both stages before the programmatic-launch wait, so
 	 * that where the CTA is resident while k_qrot runs those bytes arrive
 	 * meanwhile; only the queries wait for k_qrot.  Else descriptors 0
-	 * and 1 from k_qrot's table, then tile 0 */
+	 * and 1 from k_qrot's table, then tile 0 (NS = 3: descriptors 0 to 3,
+	 * then tiles 0 and 1; no early loads) */
+	if (NS != 2)
+		pre = 0; /* the launch passes none either */
 	const uint32_t npre = pre && H->nseg ? min(nt, 2u) : 0u;
 	if (npre) {
 		const uint32_t w = threadIdx.x >> 5;
@@ -1384,14 +1404,18 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 		asm volatile("cp.async.commit_group;");
 	} else {
 		pdl_wait();
-		score_desc<P>(sm, tl, 0);
-		if (nt > 1)
-			score_desc<P>(sm, tl, 1);
+		for (uint32_t t = 0; t < DA && t < nt; t++)
+			score_desc<P, NS>(sm, tl, t);
 		asm volatile("cp.async.commit_group;");
 		asm volatile("cp.async.wait_group 0;" ::: "memory");
 		__syncthreads();
-		score_issue<P>(sm.st[0], sm.d[0], qpm + (size_t)sm.d[0].si * QPM_FLOATS(P));
-		asm volatile("cp.async.commit_group;");
+#pragma unroll
+		for (uint32_t t = 0; t + 1 < (uint32_t)NS; t++) {
+			if (t < nt)
+				score_issue<P>(sm.st[t], sm.d[t],
+					       qpm + (size_t)sm.d[t].si * QPM_FLOATS(P));
+			asm volatile("cp.async.commit_group;");
+		}
 	}
 	const uint32_t row = threadIdx.x;
 	for (uint32_t i = 0; i < nt; i++) {
@@ -1402,7 +1426,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 		uint16_t rest_raw = 0;
 		float sc8_pre = 0.0f;
 		{
-			const struct score_tile &pre = sm.d[i & 3];
+			const struct score_tile &pre = sm.d[i % RING];
 			const bool h0 = (T0 + i) * SCORE_T + row < nb && row < pre.nrow &&
 					pre.staged;
 			if (h0 && pre.rest)
@@ -1410,22 +1434,25 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 			if (h0 && pre.q8)
 				sc8_pre = __ldg(pre.sc8 + row);
 		}
-		/* tile i's rows and descriptor i + 1 have landed; stage (i + 1) & 1
-		 * and ring slot (i + 2) & 3 were last read before this barrier */
-		asm volatile("cp.async.wait_group 0;" ::: "memory");
+		/* tile i's rows and descriptor i + NS - 1 have landed (the NS -
+		 * 2 groups after tile i's may still fly); stage (i + NS - 1) % NS
+		 * and ring slot (i + DA) % RING were last read before this
+		 * barrier */
+		asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
 		__syncthreads();
-		if (i + 1 < nt) {
-			const struct score_tile &dn = sm.d[(i + 1) & 3];
+		if (i + NS - 1 < nt) {
+			const uint32_t j = i + NS - 1;
+			const struct score_tile &dn = sm.d[j % RING];
 			const float *qn = qpm + (size_t)dn.si * QPM_FLOATS(P);
-			if (i + 1 < npre) /* its rows are on the way */
-				score_issue_q<P>(sm.st[(i + 1) & 1], dn, qn);
+			if (j < npre) /* its rows are on the way */
+				score_issue_q<P>(sm.st[j % NS], dn, qn);
 			else
-				score_issue<P>(sm.st[(i + 1) & 1], dn, qn);
+				score_issue<P>(sm.st[j % NS], dn, qn);
 		}
-		if (i + 2 < nt)
-			score_desc<P>(sm, tl, i + 2);
+		if (i + DA < nt)
+			score_desc<P, NS>(sm, tl, i + DA);
 		asm volatile("cp.async.commit_group;");
-		const struct score_tile &cur = sm.d[i & 3];
+		const struct score_tile &cur = sm.d[i % RING];
 		uint32_t gb = (T0 + i) * SCORE_T + row;
 		bool valid = gb < nb, here = valid && row < cur.nrow;
 		const float *qperp = qr + (size_t)cur.si * QR_ROWS * P + (size_t)GPU_MAX_D * P;
@@ -1437,7 +1464,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 			const uint32_t wrow = row & ~31u;
 			if (wrow < cur.nrow) {
 				float rest = cur.rest ? bf1(rest_raw) : 0.0f;
-				sc = score_mma_rows<NQ>(sm.st[i & 1], cur.S, wrow, qperp, rest);
+				sc = score_mma_rows<NQ>(sm.st[i % NS], cur.S, wrow, qperp, rest);
 			}
 			if (here) {
 				w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
@@ -1448,7 +1475,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 			}
 		} else if (here && cur.staged && cur.q8) {
 			float rest = cur.rest ? bf1(rest_raw) : 0.0f;
-			const struct score_stage<P> &st = sm.st[i & 1];
+			const struct score_stage<P> &st = sm.st[i % NS];
 			uint32_t pr = cur.S / 8, rw[16];
 #pragma unroll
 			for (int k = 0; k < SCORE_SMAX / 8; k++) {
@@ -1462,7 +1489,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 			w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
 		} else if (here && cur.staged) {
 			float rest = cur.rest ? bf1(rest_raw) : 0.0f;
-			const struct score_stage<P> &st = sm.st[i & 1];
+			const struct score_stage<P> &st = sm.st[i % NS];
 			uint32_t S = cur.S, pr = S / 8;
 			float ap[NQ], an[NQ], acc[NQ];
 #pragma unroll
@@ -1508,11 +1535,11 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 
 /* Tiles per score CTA (@kern, one of k_score's instances): one wave of
  * CTAs over all contexts. */
-template <int NQ, class KF>
+template <int NQ, int NS = 2, class KF>
 static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint32_t *gx,
 		      size_t *smem)
 {
-	*smem = sizeof(struct score_smem<NQP(NQ)>);
+	*smem = sizeof(struct score_smem<NQP(NQ), NS>);
 	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)*smem));
 	int nsm = 0, per = 0, rc = sm_count(&nsm);
@@ -6118,14 +6145,18 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (a->max_blocks) {
 		uint32_t K, gx;
 		size_t smem;
-		auto score = (a->flags & GPU_ATTN_SCORE_MMA)   ? k_score<NQ, false, true>
+		const bool mma = a->flags & GPU_ATTN_SCORE_MMA;
+		const bool st3 = (a->flags & GPU_ATTN_SCORE_3STAGE) && !(a->flags & GPU_ATTN_SCORE_FMA);
+		auto score = st3 ? (mma ? k_score<NQ, false, true, 3> : k_score<NQ, false, false, 3>)
+			     : mma ? k_score<NQ, false, true>
 			     : (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true>
 							       : k_score<NQ, false>;
-		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
+		int rc = st3 ? score_grid<NQ, 3>(a, score, &K, &gx, &smem)
+			     : score_grid<NQ>(a, score, &K, &gx, &smem);
 		if (rc)
 			return rc;
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
-				  ws, L, K, (uint32_t)!!(a->flags & GPU_ATTN_SCORE_PRE)));
+				  ws, L, K, (uint32_t)(!st3 && (a->flags & GPU_ATTN_SCORE_PRE))));
 	}
 	if (upto < 3)
 		return 0;

@@ -295,6 +295,13 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * score.  Not the default until measured (bench/attn's ours_mma, os_mma,
  * g2_mma). */
 #define GPU_ATTN_SCORE_MMA 67108864u
+/* The score kernel with three stages of tiles (two in flight a CTA while
+ * one is scored; two CTAs an SM by shared memory) instead of two (one in
+ * flight, three CTAs an SM), with or without GPU_ATTN_SCORE_MMA; not with
+ * GPU_ATTN_SCORE_FMA (ignored there) nor GPU_ATTN_SCORE_PRE (no early
+ * loads).  Not the default until measured (bench/attn's os_3st, os_m3,
+ * ours_m3). */
+#define GPU_ATTN_SCORE_3STAGE 134217728u
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads

@@ -1896,6 +1896,46 @@ Test(gpu, packed_small_llama_shape_pre)
 	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_PRE;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
+/* the score kernel's three stages (GPU_ATTN_SCORE_3STAGE), with and
+ * without the tensor-core score: a context of a few tiles a CTA, 1M
+ * tokens, tiles across segments, the whole step with bf16 and 8-bit
+ * summaries */
+Test(gpu, select_llama_shape_3stage)
+{
+	g_flags = GPU_ATTN_SCORE_3STAGE;
+	check_select(128, 4, 0.1, 16, 3000);
+}
+Test(gpu, select_nq8_s32_mma_3stage)
+{
+	g_flags = GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA;
+	check_select_s(128, 8, 0.15, 16, 3000, 32, 6);
+}
+Test(gpu, select_1m_tokens_mma_3stage)
+{
+	g_flags = GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA;
+	check_synth_select(65536, 16);
+}
+Test(gpu, select_1030_segments_3stage)
+{
+	g_flags = GPU_ATTN_SCORE_3STAGE;
+	check_synth_select(65920, 1030);
+}
+Test(gpu, select_40_segments_mma_3stage)
+{
+	g_flags = GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA;
+	check_synth_select(64000, 40);
+}
+Test(gpu, packed_small_llama_shape_mma_3stage)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_MMA | GPU_ATTN_SCORE_3STAGE;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_sum8_llama_shape_3stage)
+{
+	g_flags = GPU_ATTN_SCORE_3STAGE;
+	g_sum8 = ~0u;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
 /* the whole step with GPU_ATTN_SCORE_MMA: bf16 summaries, and 8-bit ones
  * (which keep the thread-a-row integer score) */
 Test(gpu, packed_small_llama_shape_mma)
