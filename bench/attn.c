@@ -44,6 +44,9 @@
  *             --once: one call of each contender, untimed, for profilers: 1
  *             the main columns, 2 the same after ours_g2, 3 ours_mny,
  *             ours_mso, ours_mfl, 4 oscore, os_mma, os_3st, os_m3)
+ *             [--score-only 1] (the score kernel alone: the stage cut after
+ *             it, less the stage cut before it, by default, with the
+ *             tensor-core score, three stages, both, and 8-bit summaries)
  */
 #include <errno.h>
 #include <math.h>
@@ -349,6 +352,25 @@ static int f_packed_upto1(const struct gpu_attn_args *a, const void *h, cudaStre
 static int f_packed_upto2(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return gpu_score_select_upto(a, h, 2, s);
+}
+/* the same cut after the score kernel with flags added (--score-only) */
+static int upto2_with(const struct gpu_attn_args *a, const void *h, cudaStream_t s, uint32_t fl)
+{
+	struct gpu_attn_args b = *a;
+	b.flags |= fl;
+	return gpu_score_select_upto(&b, h, 2, s);
+}
+static int f_upto2_mma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return upto2_with(a, h, s, GPU_ATTN_SCORE_MMA);
+}
+static int f_upto2_3st(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return upto2_with(a, h, s, GPU_ATTN_SCORE_3STAGE);
+}
+static int f_upto2_m3(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return upto2_with(a, h, s, GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA);
 }
 static int f_packed_ss1(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -790,6 +812,7 @@ int main(int argc, char **argv)
 	const char *sdpa_path = NULL;
 	int once = 0; /* --once 1: one call of each contender, no timing (profilers) */
 	int split = 0; /* --split 1: also time ours' score stage cut short */
+	int score_only = 0; /* --score-only 1: only the score stage cut after the score */
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--sdpa"))
 			sdpa_path = argv[i + 1];
@@ -803,6 +826,8 @@ int main(int argc, char **argv)
 			once = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--split"))
 			split = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--score-only"))
+			score_only = atoi(argv[i + 1]);
 	}
 	if (sdpa_path)
 		read_sdpa(sdpa_path);
@@ -915,6 +940,30 @@ int main(int argc, char **argv)
 				RC(f_packed_many_so(&a, dheads, st));
 				RC(f_packed_many_fl(&a, dheads, st));
 				CK(cudaStreamSynchronize(st));
+				continue;
+			}
+			if (score_only) {
+				/* clear + qrot, then + the score kernel: by default, with
+				 * GPU_ATTN_SCORE_MMA, _3STAGE, both; and over 8-bit
+				 * summaries (the kernel's time is the difference) */
+				step_fn fs[5] = {f_packed_upto2, f_upto2_mma, f_upto2_3st, f_upto2_m3,
+					     f_packed_upto2};
+				double t[6];
+				cudaGraphExec_t g = capture(f_packed_upto1, &a, dheads);
+				t[0] = time_graph(g, 1);
+				cudaGraphExecDestroy(g);
+				for (int k = 0; k < 5; k++) {
+					if (k == 4)
+						make_heads(&s, H, L, dsegs, dheads, ddense, 4);
+					g = capture(fs[k], &a, dheads);
+					t[k + 1] = time_graph(g, 1);
+					cudaGraphExecDestroy(g);
+				}
+				printf("score-only %u %u: clear+qrot %.1f us; score kernel %.1f (mma %.1f, "
+				       "3stage %.1f, both %.1f, 8-bit %.1f) us\n",
+				       B, L, t[0], t[1] - t[0], t[2] - t[0], t[3] - t[0], t[4] - t[0],
+				       t[5] - t[0]);
+				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				continue;
 			}
 			if (once == 4) { /* oscore, os_mma, os_3st, os_m3 (ncu on k_score) */

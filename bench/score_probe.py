@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""What the score kernel (k_score) waits on: timing-only variants of it, in
+a scratch copy of the repository, never the library's (their scores and
+histograms are wrong, so the select after them is meaningless).
+
+    bench/score_probe.py patch TREE VARIANT
+    (build TREE's bench/attn, run it with --score-only 1: the score kernel
+     alone, from CUDA graphs of the stage cut after it, less the stage cut
+     before it)
+
+VARIANT:
+  nofine   the fine histogram's global reductions left out (hist_add's
+           atomicAdd into g_lo; the coarse one in shared memory stays)
+  nohist   no hist_add in k_score at all (nor its shared-memory flush)
+  nostore  the scores and token counts not stored
+Each prints nothing; it exits non-zero when the text it edits is gone.
+Used in the thirty-ninth session (gpu/NOTES.md).
+"""
+import sys
+
+
+def patch(tree, variant):
+    p = tree + "/gpu/attn.cu"
+    s = open(p).read()
+    edits = {
+        "nofine": [("\t\tatomicAdd(&g_lo[lb], sum);\n", "\t\t(void)sum;\n")],
+        "nohist": [("\t\thist_add(sm.hi, hist + HIST_HI, valid && gb >= 1, sc, w);\n"
+                    "\t}\n\thist_flush(sm.hi, hist);\n",
+                    "\t\tif (valid && sc == 12345.0f && w == 77u)\n"
+                    "\t\t\tscores[0] = 0.0f;\n\t}\n")],
+        "nostore": [("\t\tif (valid) {\n\t\t\tscores[gb] = sc;\n\t\t\tntok[gb] = (uint8_t)w;\n\t\t}\n"
+                     "\t\thist_add(sm.hi, hist + HIST_HI",
+                     "\t\thist_add(sm.hi, hist + HIST_HI")],
+    }[variant]
+    for old, new in edits:
+        if old not in s:
+            sys.exit("score_probe: %s: text not found in %s" % (variant, p))
+        s = s.replace(old, new)
+    open(p, "w").write(s)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "patch":
+        sys.exit(__doc__)
+    patch(sys.argv[2], sys.argv[3])
