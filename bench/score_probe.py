@@ -13,10 +13,17 @@ VARIANT:
            atomicAdd into g_lo; the coarse one in shared memory stays)
   nohist   no hist_add in k_score at all (nor its shared-memory flush)
   nostore  the scores and token counts not stored
+  nomatch  the fine histogram's reductions a lane each (no match_any and
+           no warp sum before them): the same histogram
+  nomatch2 nomatch, and the coarse one's shared-memory adds a lane each
 Each prints nothing; it exits non-zero when the text it edits is gone.
 Used in the thirty-ninth session (gpu/NOTES.md).
 """
 import sys
+
+
+FINE = '\tpeers = __match_any_sync(all, lb);\n\tsum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);\n\tif (valid && lane == (uint32_t)(__ffs(peers) - 1))\n\t\tatomicAdd(&g_lo[lb], sum);\n'
+COARSE = '\tuint32_t peers = __match_any_sync(all, hb);\n\tuint32_t sum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);\n\tif (valid && lane == (uint32_t)(__ffs(peers) - 1))\n\t\tatomicAdd(&sh_hi[hb], sum);\n'
 
 
 def patch(tree, variant):
@@ -31,6 +38,10 @@ def patch(tree, variant):
         "nostore": [("\t\tif (valid) {\n\t\t\tscores[gb] = sc;\n\t\t\tntok[gb] = (uint8_t)w;\n\t\t}\n"
                      "\t\thist_add(sm.hi, hist + HIST_HI",
                      "\t\thist_add(sm.hi, hist + HIST_HI")],
+        "nomatch": [(FINE, "\tif (valid)\n\t\tatomicAdd(&g_lo[lb], wv);\n")],
+        "nomatch2": [(FINE, "\tif (valid)\n\t\tatomicAdd(&g_lo[lb], wv);\n"),
+                     (COARSE, "\tif (valid)\n\t\tatomicAdd(&sh_hi[hb], wv);\n"
+                      "\t(void)uni;\n\t(void)lane;\n")],
     }[variant]
     for old, new in edits:
         if old not in s:
