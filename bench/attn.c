@@ -43,10 +43,10 @@
  *             timed in parts, clear + qrot, + the score kernel, + the select;
  *             --once: one call of each contender, untimed, for profilers: 1
  *             the main columns, 2 the same after ours_g2, 3 ours_mny,
- *             ours_mso, ours_mfl, 4 oscore, os_mma, os_3st, os_m3)
+ *             ours_mso, ours_mfl, 4 oscore, os_2st, os_3st)
  *             [--score-only 1] (the score kernel alone: the stage cut after
- *             it, less the stage cut before it, by default, with the
- *             tensor-core score, three stages, both, and 8-bit summaries)
+ *             it, less the stage cut before it, by default, with two and
+ *             three stages forced, and over 8-bit summaries)
  */
 #include <errno.h>
 #include <math.h>
@@ -257,31 +257,25 @@ static int f_packed_ss_pre(const struct gpu_attn_args *a, const void *h, cudaStr
 {
 	return ss_with(a, h, s, GPU_ATTN_SCORE_PRE);
 }
-/* block scores of staged bf16 tiles on the tensor cores
- * (GPU_ATTN_SCORE_MMA), the step and our score stage */
-static int f_packed_mma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+/* the score kernel with two stages of tiles forced (GPU_ATTN_SCORE_2STAGE:
+ * the version before three became the default where CTAs take many
+ * tiles) and three forced (GPU_ATTN_SCORE_3STAGE): the step and our score
+ * stage */
+static int f_packed_2st(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_MMA);
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_2STAGE);
 }
-static int f_packed_ss_mma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+static int f_packed_ss_2st(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	return ss_with(a, h, s, GPU_ATTN_SCORE_MMA);
+	return ss_with(a, h, s, GPU_ATTN_SCORE_2STAGE);
 }
-/* the score kernel with three stages of tiles (GPU_ATTN_SCORE_3STAGE),
- * without and with the tensor-core score: the score stage, and the step
- * with both */
+static int f_packed_3st(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_3STAGE);
+}
 static int f_packed_ss_3st(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return ss_with(a, h, s, GPU_ATTN_SCORE_3STAGE);
-}
-static int f_packed_ss_m3(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return ss_with(a, h, s, GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA);
-}
-static int f_packed_m3(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return packed_with(a, h, s,
-			   GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA);
 }
 /* the many-CTA select forced (GPU_ATTN_SELECT_MANY_CTAS: below 32,768
  * blocks a context the step takes the one-CTA select, which leaves no
@@ -360,17 +354,13 @@ static int upto2_with(const struct gpu_attn_args *a, const void *h, cudaStream_t
 	b.flags |= fl;
 	return gpu_score_select_upto(&b, h, 2, s);
 }
-static int f_upto2_mma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+static int f_upto2_2st(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
-	return upto2_with(a, h, s, GPU_ATTN_SCORE_MMA);
+	return upto2_with(a, h, s, GPU_ATTN_SCORE_2STAGE);
 }
 static int f_upto2_3st(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return upto2_with(a, h, s, GPU_ATTN_SCORE_3STAGE);
-}
-static int f_upto2_m3(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return upto2_with(a, h, s, GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA);
 }
 static int f_packed_ss1(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -906,7 +896,7 @@ int main(int argc, char **argv)
 	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | "
 	       "%9s %9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s "
 	       "%9s | %9s %9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | "
-	       "%9s %9s %9s %9s %9s %9s\n",
+	       "%9s %9s %9s %9s\n",
 	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
 	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
 	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
@@ -916,8 +906,8 @@ int main(int argc, char **argv)
 	       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni", "ours_fma", "os_fma",
 	       "qs_fma", "ours_g2", "g2_s8", "x_d_g2", "bwf_g2", "g2_512", "g28_512", "ours_cm",
 	       "os_cm", "g28_cm", "ours_pre", "os_pre", "g28_pre", "ours_sts", "g28_sts", "ours_mny",
-	       "g28_mny", "ours_mso", "ours_mni", "ours_mfl", "ours_ofl", "ours_mma", "os_mma",
-	       "g2_mma", "os_3st", "os_m3", "ours_m3");
+	       "g28_mny", "ours_mso", "ours_mni", "ours_mfl", "ours_ofl", "ours_2st", "os_2st",
+	       "ours_3st", "os_3st");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
 	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
@@ -944,33 +934,30 @@ int main(int argc, char **argv)
 			}
 			if (score_only) {
 				/* clear + qrot, then + the score kernel: by default, with
-				 * GPU_ATTN_SCORE_MMA, _3STAGE, both; and over 8-bit
+				 * two stages forced, three forced; and over 8-bit
 				 * summaries (the kernel's time is the difference) */
-				step_fn fs[5] = {f_packed_upto2, f_upto2_mma, f_upto2_3st, f_upto2_m3,
-					     f_packed_upto2};
-				double t[6];
+				step_fn fs[4] = {f_packed_upto2, f_upto2_2st, f_upto2_3st, f_packed_upto2};
+				double t[5];
 				cudaGraphExec_t g = capture(f_packed_upto1, &a, dheads);
 				t[0] = time_graph(g, 1);
 				cudaGraphExecDestroy(g);
-				for (int k = 0; k < 5; k++) {
-					if (k == 4)
+				for (int k = 0; k < 4; k++) {
+					if (k == 3)
 						make_heads(&s, H, L, dsegs, dheads, ddense, 4);
 					g = capture(fs[k], &a, dheads);
 					t[k + 1] = time_graph(g, 1);
 					cudaGraphExecDestroy(g);
 				}
-				printf("score-only %u %u: clear+qrot %.1f us; score kernel %.1f (mma %.1f, "
-				       "3stage %.1f, both %.1f, 8-bit %.1f) us\n",
-				       B, L, t[0], t[1] - t[0], t[2] - t[0], t[3] - t[0], t[4] - t[0],
-				       t[5] - t[0]);
+				printf("score-only %u %u: clear+qrot %.1f us; score kernel %.1f (2 stages "
+				       "%.1f, 3 stages %.1f, 8-bit %.1f) us\n",
+				       B, L, t[0], t[1] - t[0], t[2] - t[0], t[3] - t[0], t[4] - t[0]);
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				continue;
 			}
-			if (once == 4) { /* oscore, os_mma, os_3st, os_m3 (ncu on k_score) */
+			if (once == 4) { /* oscore, os_2st, os_3st (ncu on k_score) */
 				RC(f_packed_ss(&a, dheads, st));
-				RC(f_packed_ss_mma(&a, dheads, st));
+				RC(f_packed_ss_2st(&a, dheads, st));
 				RC(f_packed_ss_3st(&a, dheads, st));
-				RC(f_packed_ss_m3(&a, dheads, st));
 				CK(cudaStreamSynchronize(st));
 				continue;
 			}
@@ -1074,19 +1061,16 @@ int main(int argc, char **argv)
 			double t_pmfl = time_graph(g_pmfl, 1), t_pofl = time_graph(g_pofl, 1);
 			cudaGraphExecDestroy(g_pmfl);
 			cudaGraphExecDestroy(g_pofl);
-			cudaGraphExec_t g_pmma = capture(f_packed_mma, &a, dheads);
-			cudaGraphExec_t g_psmma = capture(f_packed_ss_mma, &a, dheads);
-			double t_pmma = time_graph(g_pmma, 1), t_psmma = time_graph(g_psmma, 1);
-			cudaGraphExecDestroy(g_pmma);
-			cudaGraphExecDestroy(g_psmma);
-			cudaGraphExec_t g_ps3 = capture(f_packed_ss_3st, &a, dheads);
-			cudaGraphExec_t g_psm3 = capture(f_packed_ss_m3, &a, dheads);
-			cudaGraphExec_t g_pm3 = capture(f_packed_m3, &a, dheads);
-			double t_ps3 = time_graph(g_ps3, 1), t_psm3 = time_graph(g_psm3, 1);
-			double t_pm3 = time_graph(g_pm3, 1);
-			cudaGraphExecDestroy(g_ps3);
-			cudaGraphExecDestroy(g_psm3);
-			cudaGraphExecDestroy(g_pm3);
+			cudaGraphExec_t g_p2st = capture(f_packed_2st, &a, dheads);
+			cudaGraphExec_t g_ps2st = capture(f_packed_ss_2st, &a, dheads);
+			cudaGraphExec_t g_p3st = capture(f_packed_3st, &a, dheads);
+			cudaGraphExec_t g_ps3st = capture(f_packed_ss_3st, &a, dheads);
+			double t_p2st = time_graph(g_p2st, 1), t_ps2st = time_graph(g_ps2st, 1);
+			double t_p3st = time_graph(g_p3st, 1), t_ps3st = time_graph(g_ps3st, 1);
+			cudaGraphExecDestroy(g_p2st);
+			cudaGraphExecDestroy(g_ps2st);
+			cudaGraphExecDestroy(g_p3st);
+			cudaGraphExecDestroy(g_ps3st);
 			cudaGraphExecDestroy(g_ppre);
 			cudaGraphExecDestroy(g_pspre);
 			cudaGraphExecDestroy(g_pfm);
@@ -1157,10 +1141,7 @@ int main(int argc, char **argv)
 			make_heads(&s, H, L, dsegs, dheads, ddense, 5);
 			cudaGraphExec_t g_pg2 = capture(f_packed, &a, dheads);
 			cudaGraphExec_t g_pg25 = capture(f_packed_512, &a, dheads);
-			cudaGraphExec_t g_pg2m = capture(f_packed_mma, &a, dheads);
 			double t_pg2 = time_graph(g_pg2, 1), t_pg25 = time_graph(g_pg25, 1);
-			double t_pg2m = time_graph(g_pg2m, 1);
-			cudaGraphExecDestroy(g_pg2m);
 			cudaGraphExecDestroy(g_pg2);
 			cudaGraphExecDestroy(g_pg25);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 6);
@@ -1212,7 +1193,7 @@ int main(int argc, char **argv)
 			       "%9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f "
 			       "%9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %7.2f %6.3f %9.1f %9.1f | %9.1f %9.1f "
 			       "%9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f | "
-			       "%9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n",
+			       "%9.1f %9.1f %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
 			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
 			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
@@ -1222,8 +1203,8 @@ int main(int argc, char **argv)
 			       t_psfm, t_qsfm, t_pg2, t_pg28, t_d / t_pg2,
 			       bytes_g2 / (t_pg2 * 1e-6) / copy_bw, t_pg25, t_pg285, t_pcm, t_pscm,
 			       t_pg28cm, t_ppre, t_pspre, t_pg28pre, t_psts, t_pg28sts,
-			       t_pmny, t_pg28mny, t_pmso, t_pmni, t_pmfl, t_pofl, t_pmma, t_psmma,
-			       t_pg2m, t_ps3, t_psm3, t_pm3);
+			       t_pmny, t_pg28mny, t_pmso, t_pmni, t_pmfl, t_pofl, t_p2st, t_ps2st,
+			       t_p3st, t_ps3st);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -1286,7 +1267,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_cm, os_cm, g28_cm = ours, oscore, g2_s8 with the step's clear as a memset node before k_qrot, GPU_ATTN_CLEAR_MEMSET: the version before k_qrot cleared it; ours_pre, os_pre, g28_pre = ours, oscore, g2_s8 with each score CTA issuing its first two tiles' summaries before it waits for k_qrot, GPU_ATTN_SCORE_PRE; ours_sts, g28_sts = ours, g2_s8 with the many-CTA select's last CTA loading the attention order's windows and the per-CTA counts after its exact cut, GPU_ATTN_SEL_TAIL_SERIAL: the version before those loads went beside the candidates; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, and the only one that orders the attention CTAs; ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_mfl, ours_ofl = ours_mny, ours with the first wave in rank order, GPU_ATTN_ORDER_FLAT: the version before its heavy CTAs were spread over the SMs; ours_mma, os_mma, g2_mma = ours, oscore, ours_g2 with the block scores of staged bf16 tiles on the tensor cores, GPU_ATTN_SCORE_MMA; os_3st, os_m3 = oscore, os_mma with the score kernel's three stages of tiles, GPU_ATTN_SCORE_3STAGE; ours_m3 = ours_mma with them)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_cm, os_cm, g28_cm = ours, oscore, g2_s8 with the step's clear as a memset node before k_qrot, GPU_ATTN_CLEAR_MEMSET: the version before k_qrot cleared it; ours_pre, os_pre, g28_pre = ours, oscore, g2_s8 with each score CTA issuing its first two tiles' summaries before it waits for k_qrot, GPU_ATTN_SCORE_PRE; ours_sts, g28_sts = ours, g2_s8 with the many-CTA select's last CTA loading the attention order's windows and the per-CTA counts after its exact cut, GPU_ATTN_SEL_TAIL_SERIAL: the version before those loads went beside the candidates; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, and the only one that orders the attention CTAs; ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_mfl, ours_ofl = ours_mny, ours with the first wave in rank order, GPU_ATTN_ORDER_FLAT: the version before its heavy CTAs were spread over the SMs; ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, GPU_ATTN_SCORE_2STAGE: the version before three became the default where its CTAs take eight tiles or more; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE)\n", RQ);
 
 	if (once)
 		return 0;

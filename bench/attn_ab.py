@@ -19,7 +19,7 @@ idle marks); since the thirty-eighth the first wave in rank order
 (ours_ofl, ours_mfl: GPU_ATTN_ORDER_FLAT, beside ours_us and ours_mny)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_mma", "ours_m3", "oscore", "os_mma", "os_3st", "os_m3", "ours_g2", "g2_mma", "ours_ofl", "ours_mny",
+DEFAULT = ["ours_us", "ours_2st", "ours_3st", "oscore", "os_2st", "os_3st", "ours_g2", "ours_ofl", "ours_mny",
            "ours_mfl", "ours_mso", "ours_pre", "g2_s8", "g28_mny", "os_1cta", "os_many", "quest_us"]
 
 

@@ -1141,154 +1141,6 @@ __device__ __forceinline__ void score_issue(struct score_stage<P> &st, const str
 	score_issue_q<P>(st, t, qpm);
 }
 
-/* The tensor-core score's mma count a k-step (GPU_ATTN_SCORE_MMA): with
- * at most four heads, columns 2h and 2h + 1 of the first hold head h's
- * hi and mid parts and column 2h of the second its lo part, so a lane's
- * accumulators hold one head's three parts; with more heads, a product a
- * part, columns the heads. */
-template <int NQ>
-__host__ __device__ constexpr int score_mma_n()
-{
-	return NQ <= 4 ? 2 : 3;
-}
-
-/* B fragments of k-step @ks of a tile's staged split query for the
- * tensor-core score: the product's 2S rows are q⁺ of channels 0 .. S - 1,
- * then q⁻ of the same channels (the A rows' max pieces, then min pieces).
- * The query is split in three bf16 parts (hi + mid + lo: their sum is q
- * to fp32's precision, so the products with the bf16 summaries are
- * exact), placed in columns as score_mma_n says.  Per product n the
- * lane's two registers: rows 16ks + 2tig, + 1 and + 8, + 9 of column g =
- * lane / 4; zero past the heads. */
-template <int NQ>
-__device__ __forceinline__ void score_mma_b(uint2 (&bq)[score_mma_n<NQ>()], const float *q,
-					    uint32_t S, uint32_t ks)
-{
-	constexpr int P = NQP(NQ);
-	const uint32_t lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-	const uint32_t hh = NQ <= 4 ? g >> 1 : g; /* the column's head */
-	float x[4];
-#pragma unroll
-	for (int e = 0; e < 4; e++) {
-		const uint32_t k = 16 * ks + 2 * tig + (e & 1) + 8 * (e >> 1);
-		const uint32_t at = k < S ? qpm_row<NQ>(k) : qpm_row<NQ>(k - S) + P;
-		x[e] = hh < (uint32_t)NQ ? q[at + hh] : 0.0f;
-	}
-	uint2 pt[3];
-#pragma unroll
-	for (int part = 0; part < 3; part++) {
-		const uint32_t b0 = dn_bf2(x[0], x[1]), b1 = dn_bf2(x[2], x[3]);
-		pt[part] = make_uint2(b0, b1);
-		/* the remainders are exact in fp32 */
-		x[0] -= __uint_as_float(b0 << 16);
-		x[1] -= __uint_as_float(b0 & 0xffff0000u);
-		x[2] -= __uint_as_float(b1 << 16);
-		x[3] -= __uint_as_float(b1 & 0xffff0000u);
-	}
-	if constexpr (NQ <= 4) {
-		bq[0] = (g & 1) ? pt[1] : pt[0];
-		bq[1] = (g & 1) ? make_uint2(0u, 0u) : pt[2];
-	} else {
-#pragma unroll
-		for (int part = 0; part < 3; part++)
-			bq[part] = pt[part];
-	}
-}
-
-/*
- * The tensor-core score of a warp's 32 rows of a staged bf16 tile, rows
- * @wrow .. @wrow + 31 (lane l's row is @wrow + l, whose remainder bound
- * is @rest): per 16 rows A = [max | min] pieces by ldmatrix from the
- * swizzled stage, B = the stage's query (score_mma_b, made each tile and
- * k-step: held across the tile loop, as a segment's tiles could share
- * it, the fragments spilled), score_mma_n mma a k-step; then per head the
- * parts added (lo + mid, then hi), plus @qperp[h] · rest, and the maximum
- * over the heads, returned to the row's lane.  All lanes must call it.
- * The sums' order is the tensor core's, not mkv_score_blocks': the
- * products are exact and the sums fp32, so the scores differ from the
- * CPU's by a few ulps of the terms (the tests' tolerance holds by that
- * bound, as for GPU_ATTN_SCORE_FMA).  Rows past the tile's read stale
- * stage bytes; their lanes do not use the result.
- */
-template <int NQ>
-__device__ __forceinline__ float score_mma_rows(const struct score_stage<NQP(NQ)> &st, uint32_t S,
-						uint32_t wrow, const float *qperp, float rest)
-{
-	constexpr int N = score_mma_n<NQ>();
-	const uint32_t all = 0xffffffffu, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-	const uint32_t pr = S / 8;
-	float c[2][N][4];
-#pragma unroll
-	for (int m = 0; m < 2; m++)
-#pragma unroll
-		for (int n = 0; n < N; n++)
-			c[m][n][0] = c[m][n][1] = c[m][n][2] = c[m][n][3] = 0.0f;
-	/* ldmatrix.x4: lanes 8i .. 8i + 7 name matrix i's rows, matrices
-	 * (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) */
-	const uint32_t r0 = wrow + ((lane >> 3) & 1) * 8 + (lane & 7);
-	const uint32_t kh = lane >> 4;
-#pragma unroll
-	for (int ks = 0; ks < SCORE_SMAX / 8; ks++) {
-		if ((uint32_t)ks >= pr)
-			break;
-		uint2 bq[N];
-		score_mma_b<NQ>(bq, st.q, S, ks);
-		const uint32_t u = 2 * ks + kh; /* 8-channel piece of [max | min] */
-#pragma unroll
-		for (int m = 0; m < 2; m++) {
-			const uint32_t r = r0 + 16 * m;
-			const uint4 *src = u < pr ? &st.mx[sw16(r * pr + u)]
-						  : &st.mn[sw16(r * pr + u - pr)];
-			uint32_t a0, a1, a2, a3;
-			asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-				     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-				     : "r"((uint32_t)__cvta_generic_to_shared(src))
-				     : "memory");
-#pragma unroll
-			for (int n = 0; n < N; n++)
-				mma_bf16(c[m][n], a0, a1, a2, a3, bq[n].x, bq[n].y);
-		}
-	}
-	/* the lane's heads: tig (N = 2), or 2tig and 2tig + 1 */
-	const uint32_t h0 = N == 2 ? tig : 2 * tig, h1 = h0 + 1;
-	const float qv0 = h0 < (uint32_t)NQ ? __ldg(qperp + h0) : 0.0f;
-	const float qv1 = N == 3 && h1 < (uint32_t)NQ ? __ldg(qperp + h1) : 0.0f;
-	float best[2][2];
-#pragma unroll
-	for (int m = 0; m < 2; m++) {
-		/* lane (g, tig): rows g (e = 0, 1) and g + 8 (e = 2, 3) */
-		const float rr0 = __shfl_sync(all, rest, 16 * m + g);
-		const float rr1 = __shfl_sync(all, rest, 16 * m + g + 8);
-#pragma unroll
-		for (int eh = 0; eh < 2; eh++) {
-			const float rr = eh ? rr1 : rr0;
-			const float(&cm)[N][4] = c[m];
-			float b;
-			if constexpr (N == 2) { /* head tig: hi, mid; lo */
-				float v = (cm[1][2 * eh] + cm[0][2 * eh + 1]) + cm[0][2 * eh];
-				v = __fadd_rn(v, __fmul_rn(qv0, rr));
-				b = h0 < (uint32_t)NQ ? v : -INFINITY;
-			} else { /* heads 2tig, 2tig + 1 */
-				float v0 = (cm[2][2 * eh] + cm[1][2 * eh]) + cm[0][2 * eh];
-				float v1 = (cm[2][2 * eh + 1] + cm[1][2 * eh + 1]) + cm[0][2 * eh + 1];
-				v0 = __fadd_rn(v0, __fmul_rn(qv0, rr));
-				v1 = __fadd_rn(v1, __fmul_rn(qv1, rr));
-				b = h0 < (uint32_t)NQ ? v0 : -INFINITY;
-				if (h1 < (uint32_t)NQ)
-					b = fmaxf(b, v1);
-			}
-			b = fmaxf(b, __shfl_xor_sync(all, b, 1));
-			b = fmaxf(b, __shfl_xor_sync(all, b, 2));
-			best[m][eh] = b;
-		}
-	}
-	/* lane (g, tig) offers row 16 (tig / 2) + g + 8 (tig % 2); row l's
-	 * lane takes it from lane 4 (l % 8) + 2 (l / 16) + (l / 8) % 2 */
-	const float mine = tig == 0 ? best[0][0] : tig == 1 ? best[0][1] : tig == 2 ? best[1][0]
-										  : best[1][1];
-	return __shfl_sync(all, mine, 4 * (lane & 7) + 2 * (lane >> 4) + ((lane >> 3) & 1));
-}
-
 /* A block scored from global memory: a tile that is not staged (@here),
  * or a row past the tile's segment.  Returns the score and, in .y, the
  * block's tokens.  Out of line: the staged path's registers stay its own. */
@@ -1349,7 +1201,7 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  * multiple of 8), are scored from global memory.  Same arithmetic as
  * bound_score_pm either way.
  */
-template <int NQ, bool FM, bool MMA = false, int NS = 2>
+template <int NQ, bool FM, int NS = 2>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
 						   struct ws_layout L, uint32_t K, uint32_t pre)
 {
@@ -1458,22 +1310,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 		const float *qperp = qr + (size_t)cur.si * QR_ROWS * P + (size_t)GPU_MAX_D * P;
 		float sc = 0.0f;
 		uint32_t w = 0;
-		if (MMA && cur.staged && !cur.q8) {
-			/* warp-uniform: the warp's rows from the tensor cores where
-			 * any of them is the tile's; the rest as below */
-			const uint32_t wrow = row & ~31u;
-			if (wrow < cur.nrow) {
-				float rest = cur.rest ? bf1(rest_raw) : 0.0f;
-				sc = score_mma_rows<NQ>(sm.st[i % NS], cur.S, wrow, qperp, rest);
-			}
-			if (here) {
-				w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
-			} else if (valid) {
-				float2 r = score_global<NQ, FM>(H, cur, qr, qpm, gb, row, here);
-				sc = r.x;
-				w = __float_as_uint(r.y);
-			}
-		} else if (here && cur.staged && cur.q8) {
+		if (here && cur.staged && cur.q8) {
 			float rest = cur.rest ? bf1(rest_raw) : 0.0f;
 			const struct score_stage<P> &st = sm.st[i % NS];
 			uint32_t pr = cur.S / 8, rw[16];
@@ -1557,6 +1394,29 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	*K = (uint32_t)k;
 	*gx = (uint32_t)((tph + k - 1) / k);
 	return 0;
+}
+
+/* Whether the score kernel runs three stages of tiles (1), two (0), or
+ * -errno.  GPU_ATTN_SCORE_3STAGE and GPU_ATTN_SCORE_2STAGE force them
+ * (GPU_ATTN_SCORE_FMA takes two); by default three where the two-stage
+ * grid gives each CTA at least SCORE_3STAGE_TILES tiles: there the
+ * pipeline's steady part is the kernel, and two tiles in flight a CTA
+ * (at two CTAs an SM) keep the DRAM busier than one (at three); with a
+ * few tiles a CTA the longer prologue takes the gain back (H100,
+ * thirty-ninth session: batch 8 at 256K-1M 20-28 % faster, batch 1 at 1M
+ * the same, at 256K 4 % slower; gpu/NOTES.md). */
+#define SCORE_3STAGE_TILES 8u
+template <int NQ>
+static int score_three_stages(const struct gpu_attn_args *a)
+{
+	if (a->flags & GPU_ATTN_SCORE_FMA)
+		return 0;
+	if (a->flags & (GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_2STAGE))
+		return !!(a->flags & GPU_ATTN_SCORE_3STAGE);
+	uint32_t K, gx;
+	size_t smem;
+	int rc = score_grid<NQ>(a, k_score<NQ, false>, &K, &gx, &smem);
+	return rc ? rc : K >= SCORE_3STAGE_TILES;
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
@@ -6145,14 +6005,12 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (a->max_blocks) {
 		uint32_t K, gx;
 		size_t smem;
-		const bool mma = a->flags & GPU_ATTN_SCORE_MMA;
-		const bool st3 = (a->flags & GPU_ATTN_SCORE_3STAGE) && !(a->flags & GPU_ATTN_SCORE_FMA);
-		auto score = st3 ? (mma ? k_score<NQ, false, true, 3> : k_score<NQ, false, false, 3>)
-			     : mma ? k_score<NQ, false, true>
-			     : (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true>
-							       : k_score<NQ, false>;
-		int rc = st3 ? score_grid<NQ, 3>(a, score, &K, &gx, &smem)
-			     : score_grid<NQ>(a, score, &K, &gx, &smem);
+		const int st3 = score_three_stages<NQ>(a);
+		auto score = st3 ? k_score<NQ, false, 3>
+			     : (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true> : k_score<NQ, false>;
+		int rc = st3 < 0 ? st3
+			 : st3 ? score_grid<NQ, 3>(a, score, &K, &gx, &smem)
+			       : score_grid<NQ>(a, score, &K, &gx, &smem);
 		if (rc)
 			return rc;
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,

@@ -286,21 +286,18 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * GPU_ATTN_ORDER_FLAT it takes them in rank order, as before the
  * thirty-eighth session (kept to compare). */
 #define GPU_ATTN_ORDER_FLAT 33554432u
-/* Block scores of staged bf16 tiles on the tensor cores (k_score): per
- * warp of 32 rows, [max | min] summaries by ldmatrix times the split
- * query [q⁺; q⁻] in three bf16 parts, one mma a k-step and part, instead
- * of a thread a row and ~600 instructions.  The sums' order differs from
- * mkv_score_blocks' (a few ulps of the terms, as GPU_ATTN_SCORE_FMA's);
- * 8-bit summaries and tiles that are not staged keep the thread-a-row
- * score.  Not the default until measured (bench/attn's ours_mma, os_mma,
- * g2_mma). */
-#define GPU_ATTN_SCORE_MMA 67108864u
+/* The score kernel with two stages of tiles (one in flight a CTA while
+ * one is scored, three CTAs an SM), the version before three became the
+ * default where CTAs take many tiles (GPU_ATTN_SCORE_3STAGE); kept to
+ * compare. */
+#define GPU_ATTN_SCORE_2STAGE 67108864u
 /* The score kernel with three stages of tiles (two in flight a CTA while
  * one is scored; two CTAs an SM by shared memory) instead of two (one in
- * flight, three CTAs an SM), with or without GPU_ATTN_SCORE_MMA; not with
- * GPU_ATTN_SCORE_FMA (ignored there) nor GPU_ATTN_SCORE_PRE (no early
- * loads).  Not the default until measured (bench/attn's os_3st, os_m3,
- * ours_m3). */
+ * flight, three CTAs an SM), forced.  Without this flag or
+ * GPU_ATTN_SCORE_2STAGE three where the two-stage grid gives each CTA
+ * eight tiles or more (attn.cu score_three_stages: many contexts, long
+ * ones); never with GPU_ATTN_SCORE_FMA, and three stages take no early
+ * loads (GPU_ATTN_SCORE_PRE). */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
 
 /*

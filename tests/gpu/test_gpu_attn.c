@@ -1402,55 +1402,23 @@ Test(gpu, select_rest_s12_unstaged_fma)
 	check_select_s(128, 4, 0.1, 16, 3000, 12, 0);
 }
 Test(gpu, select_tiny_budget) { check_select(128, 1, 0.001, 32, 1000); }
-/* the scores of staged bf16 tiles on the tensor cores (GPU_ATTN_SCORE_MMA,
- * the bench's os_mma): two products a k-step for up to four heads (one,
- * two, three, four), three for eight; S = 8 and 24 (a k-step holding max
- * and min pieces), 32 (the bench's), 12 (not staged: the thread-a-row
- * score); against the same references and tolerance */
-Test(gpu, select_llama_shape_mma)
+/* the score kernel's three stages (GPU_ATTN_SCORE_3STAGE) on S = 8 (the
+ * remainder bound dominating), three heads, one head, S = 12 (not
+ * staged: rows from global memory) */
+Test(gpu, select_rest_s8_d64_nq3_3stage)
 {
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_select(128, 4, 0.1, 16, 3000);
-}
-Test(gpu, select_rest_s8_q6_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_select_s(128, 4, 0.1, 16, 3000, 8, 6);
-}
-Test(gpu, select_rest_s8_d64_nq3_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
+	g_flags = GPU_ATTN_SCORE_3STAGE;
 	check_select_s(64, 3, 0.2, 16, 2000, 8, 0);
 }
-Test(gpu, select_s24_nq4_mma)
+Test(gpu, select_tiny_budget_nq1_3stage)
 {
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_select_s(128, 4, 0.1, 16, 3000, 24, 0);
-}
-Test(gpu, select_s24_nq8_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_select_s(128, 8, 0.1, 16, 3000, 24, 0);
-}
-Test(gpu, select_nq8_s32_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_select_s(128, 8, 0.15, 16, 3000, 32, 6);
-}
-Test(gpu, select_rest_s12_unstaged_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_select_s(128, 4, 0.1, 16, 3000, 12, 0);
-}
-Test(gpu, select_d64_nq2_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_select(64, 2, 0.37, 16, 900);
-}
-Test(gpu, select_tiny_budget_nq1_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
+	g_flags = GPU_ATTN_SCORE_3STAGE;
 	check_select(128, 1, 0.001, 32, 1000);
+}
+Test(gpu, select_rest_s12_unstaged_3stage)
+{
+	g_flags = GPU_ATTN_SCORE_3STAGE;
+	check_select_s(128, 4, 0.1, 16, 3000, 12, 0);
 }
 
 /*
@@ -1868,22 +1836,11 @@ Test(gpu, select_1030_segments_pre)
 	g_flags = GPU_ATTN_SCORE_PRE;
 	check_synth_select(65920, 1030);
 }
-/* GPU_ATTN_SCORE_MMA over 1M tokens and over tiles across segments (a
- * warp whose rows are partly the next segment's) */
-Test(gpu, select_1m_tokens_mma)
+/* two stages forced (GPU_ATTN_SCORE_2STAGE) over 1M tokens */
+Test(gpu, select_1m_tokens_2stage)
 {
-	g_flags = GPU_ATTN_SCORE_MMA;
+	g_flags = GPU_ATTN_SCORE_2STAGE;
 	check_synth_select(65536, 16);
-}
-Test(gpu, select_40_segments_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_synth_select(64000, 40);
-}
-Test(gpu, select_1030_segments_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_synth_select(65920, 1030);
 }
 Test(gpu, select_40_segments_many_ctas_pre)
 {
@@ -1896,23 +1853,22 @@ Test(gpu, packed_small_llama_shape_pre)
 	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_PRE;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
-/* the score kernel's three stages (GPU_ATTN_SCORE_3STAGE), with and
- * without the tensor-core score: a context of a few tiles a CTA, 1M
- * tokens, tiles across segments, the whole step with bf16 and 8-bit
- * summaries */
+/* the score kernel's three stages (GPU_ATTN_SCORE_3STAGE): a context of
+ * a few tiles a CTA, eight heads, 1M tokens, tiles across segments, the
+ * whole step with bf16 and 8-bit summaries */
 Test(gpu, select_llama_shape_3stage)
 {
 	g_flags = GPU_ATTN_SCORE_3STAGE;
 	check_select(128, 4, 0.1, 16, 3000);
 }
-Test(gpu, select_nq8_s32_mma_3stage)
+Test(gpu, select_nq8_s32_3stage)
 {
-	g_flags = GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA;
+	g_flags = GPU_ATTN_SCORE_3STAGE;
 	check_select_s(128, 8, 0.15, 16, 3000, 32, 6);
 }
-Test(gpu, select_1m_tokens_mma_3stage)
+Test(gpu, select_1m_tokens_3stage)
 {
-	g_flags = GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA;
+	g_flags = GPU_ATTN_SCORE_3STAGE;
 	check_synth_select(65536, 16);
 }
 Test(gpu, select_1030_segments_3stage)
@@ -1920,14 +1876,14 @@ Test(gpu, select_1030_segments_3stage)
 	g_flags = GPU_ATTN_SCORE_3STAGE;
 	check_synth_select(65920, 1030);
 }
-Test(gpu, select_40_segments_mma_3stage)
+Test(gpu, select_40_segments_3stage)
 {
-	g_flags = GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_MMA;
+	g_flags = GPU_ATTN_SCORE_3STAGE;
 	check_synth_select(64000, 40);
 }
-Test(gpu, packed_small_llama_shape_mma_3stage)
+Test(gpu, packed_small_llama_shape_3stage)
 {
-	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_MMA | GPU_ATTN_SCORE_3STAGE;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_3STAGE;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
 Test(gpu, packed_sum8_llama_shape_3stage)
@@ -1935,24 +1891,6 @@ Test(gpu, packed_sum8_llama_shape_3stage)
 	g_flags = GPU_ATTN_SCORE_3STAGE;
 	g_sum8 = ~0u;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
-}
-/* the whole step with GPU_ATTN_SCORE_MMA: bf16 summaries, and 8-bit ones
- * (which keep the thread-a-row integer score) */
-Test(gpu, packed_small_llama_shape_mma)
-{
-	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_MMA;
-	check_packed(128, 4, 1, 1, 16, 0.1, 37);
-}
-Test(gpu, packed_sum8_llama_shape_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	g_sum8 = ~0u;
-	check_packed(128, 4, 1, 1, 16, 0.1, 37);
-}
-Test(gpu, packed_nq8_b32_g4_mma)
-{
-	g_flags = GPU_ATTN_SCORE_MMA;
-	check_packed(128, 8, 4, 1, 32, 0.15, 5);
 }
 Test(gpu, packed_sum8_llama_shape_pre)
 {
