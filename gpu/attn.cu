@@ -1396,27 +1396,23 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	return 0;
 }
 
-/* Whether the score kernel runs three stages of tiles (1), two (0), or
- * -errno.  GPU_ATTN_SCORE_3STAGE and GPU_ATTN_SCORE_2STAGE force them
- * (GPU_ATTN_SCORE_FMA takes two); by default three where the two-stage
- * grid gives each CTA at least SCORE_3STAGE_TILES tiles: there the
+/* Whether the score kernel runs three stages of tiles, given @K, the tiles
+ * a CTA takes in the two-stage grid.  GPU_ATTN_SCORE_3STAGE and
+ * GPU_ATTN_SCORE_2STAGE force them (GPU_ATTN_SCORE_FMA takes two); by
+ * default three where K is at least SCORE_3STAGE_TILES: there the
  * pipeline's steady part is the kernel, and two tiles in flight a CTA
  * (at two CTAs an SM) keep the DRAM busier than one (at three); with a
  * few tiles a CTA the longer prologue takes the gain back (H100,
  * thirty-ninth session: batch 8 at 256K-1M 20-28 % faster, batch 1 at 1M
  * the same, at 256K 4 % slower; gpu/NOTES.md). */
 #define SCORE_3STAGE_TILES 8u
-template <int NQ>
-static int score_three_stages(const struct gpu_attn_args *a)
+static bool score_three_stages(const struct gpu_attn_args *a, uint32_t K)
 {
 	if (a->flags & GPU_ATTN_SCORE_FMA)
-		return 0;
+		return false;
 	if (a->flags & (GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_2STAGE))
-		return !!(a->flags & GPU_ATTN_SCORE_3STAGE);
-	uint32_t K, gx;
-	size_t smem;
-	int rc = score_grid<NQ>(a, k_score<NQ, false>, &K, &gx, &smem);
-	return rc ? rc : K >= SCORE_3STAGE_TILES;
+		return a->flags & GPU_ATTN_SCORE_3STAGE;
+	return K >= SCORE_3STAGE_TILES;
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
@@ -6005,14 +6001,17 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (a->max_blocks) {
 		uint32_t K, gx;
 		size_t smem;
-		const int st3 = score_three_stages<NQ>(a);
-		auto score = st3 ? k_score<NQ, false, 3>
-			     : (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true> : k_score<NQ, false>;
-		int rc = st3 < 0 ? st3
-			 : st3 ? score_grid<NQ, 3>(a, score, &K, &gx, &smem)
-			       : score_grid<NQ>(a, score, &K, &gx, &smem);
+		/* the two-stage grid first: its tiles a CTA choose the stages */
+		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true> : k_score<NQ, false>;
+		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 		if (rc)
 			return rc;
+		const bool st3 = score_three_stages(a, K);
+		if (st3) {
+			score = k_score<NQ, false, 3>;
+			if ((rc = score_grid<NQ, 3>(a, score, &K, &gx, &smem)))
+				return rc;
+		}
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
 				  ws, L, K, (uint32_t)(!st3 && (a->flags & GPU_ATTN_SCORE_PRE))));
 	}
