@@ -3,7 +3,9 @@
 # ../shared/device/README.md).  Run from the repository root with
 # .devdeps/ carried; logs go to $OUT (or ./out).  Builds only the GPU
 # targets, outside the tree, so that other components' work in progress
-# does not stop it.
+# does not stop it.  Knobs: SKIP_TESTS, SKIP_BENCH, BENCH_T, ATTN_ARGS,
+# SANITIZE (default on), SAN_TESTS (binaries), SAN_ARGS (their arguments,
+# e.g. --filter 'gpu/*3stage*'), SAN_T, NCU, NCU_N, NCU_T.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -35,7 +37,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck; do
     for t in ${SAN_TESTS:-test_gpu_attn test_gpu_pack}; do
       timeout ${SAN_T:-200} compute-sanitizer --tool $tool --target-processes all --print-limit 20 \
-        $B/tests/gpu/$t > "$OUT/san_${tool}_$t.log" 2>&1
+        $B/tests/gpu/$t ${SAN_ARGS:-} > "$OUT/san_${tool}_$t.log" 2>&1
       echo "$tool $t rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$OUT/san_${tool}_$t.log" | tr '\n' ' ')"
     done
   done
