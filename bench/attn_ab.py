@@ -16,11 +16,15 @@ g28_sts: GPU_ATTN_SEL_TAIL_SERIAL) and the many-CTA select forced where
 the step takes the one-CTA select (ours_mny, g28_mny, beside the stage's
 os_1cta and os_many; ours_mso, ours_mni: that in slot order and without
 idle marks); since the thirty-eighth the first wave in rank order
-(ours_ofl, ours_mfl: GPU_ATTN_ORDER_FLAT, beside ours_us and ours_mny)."""
+(ours_ofl, ours_mfl: GPU_ATTN_ORDER_FLAT, beside ours_us and ours_mny);
+since the fortieth the score kernel's fine histogram added to global
+memory by every warp (ours_fg, os_fg, os8_fg, g28_fg: GPU_ATTN_FINE_GLOBAL,
+beside ours_us, oscore, os_s8 and g2_s8)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_2st", "ours_3st", "oscore", "os_2st", "os_3st", "ours_g2", "ours_ofl", "ours_mny",
-           "ours_mfl", "ours_mso", "ours_pre", "g2_s8", "g28_mny", "os_1cta", "os_many", "quest_us"]
+DEFAULT = ["ours_us", "ours_fg", "oscore", "os_fg", "os_s8", "os8_fg", "g2_s8", "g28_fg", "ours_2st",
+           "ours_3st", "os_2st", "os_3st", "ours_g2", "ours_mny", "ours_pre", "os_1cta", "os_many",
+           "quest_us"]
 
 
 def rows(path):

@@ -11,11 +11,14 @@ histograms are wrong, so the select after them is meaningless).
 VARIANT:
   nofine   the fine histogram's global reductions left out (hist_add's
            atomicAdd into g_lo; the coarse one in shared memory stays)
-  nohist   no hist_add in k_score at all (nor its shared-memory flush)
+  nohist   no histogram in k_score at all (neither form, nor a flush)
   nostore  the scores and token counts not stored
   nomatch  the fine histogram's reductions a lane each (no match_any and
            no warp sum before them): the same histogram
   nomatch2 nomatch, and the coarse one's shared-memory adds a lane each
+nofine, nomatch and nomatch2 edit hist_add, the form that runs with
+GPU_ATTN_FINE_GLOBAL (--score-only's "fine global" figures) since the
+fortieth session; nohist and nostore edit both forms.
 Each prints nothing; it exits non-zero when the text it edits is gone.
 Used in the thirty-ninth session (gpu/NOTES.md).
 """
@@ -23,6 +26,8 @@ import sys
 
 
 FINE = '\tpeers = __match_any_sync(all, lb);\n\tsum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);\n\tif (valid && lane == (uint32_t)(__ffs(peers) - 1))\n\t\tatomicAdd(&g_lo[lb], sum);\n'
+ADDS = ('\t\tif (fine_g)\n\t\t\thist_add(sm.hi, hist + HIST_HI, valid && gb >= 1, sc, w);\n'
+        '\t\telse\n\t\t\thist_add_ht(sm.ht.key, sm.ht.cnt, hist, valid && gb >= 1, sc, w);\n')
 COARSE = '\tuint32_t peers = __match_any_sync(all, hb);\n\tuint32_t sum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);\n\tif (valid && lane == (uint32_t)(__ffs(peers) - 1))\n\t\tatomicAdd(&sh_hi[hb], sum);\n'
 
 
@@ -31,13 +36,15 @@ def patch(tree, variant):
     s = open(p).read()
     edits = {
         "nofine": [("\t\tatomicAdd(&g_lo[lb], sum);\n", "\t\t(void)sum;\n")],
-        "nohist": [("\t\thist_add(sm.hi, hist + HIST_HI, valid && gb >= 1, sc, w);\n"
-                    "\t}\n\thist_flush(sm.hi, hist);\n",
-                    "\t\tif (valid && sc == 12345.0f && w == 77u)\n"
-                    "\t\t\tscores[0] = 0.0f;\n\t}\n")],
+        "nohist": [(ADDS, "\t\tif (valid && sc == 12345.0f && w == 77u)\n"
+                    "\t\t\tscores[0] = 0.0f;\n"),
+                   ("\tif (fine_g) {\n\t\thist_flush(sm.hi, hist);\n\t\treturn;\n\t}\n",
+                    "\tif (fine_g)\n\t\treturn;\n"),
+                   ("\thist_flush_ht(sm.ht.key, sm.ht.cnt, (uint32_t *)&sm.st[0], hist);\n",
+                    "")],
         "nostore": [("\t\tif (valid) {\n\t\t\tscores[gb] = sc;\n\t\t\tntok[gb] = (uint8_t)w;\n\t\t}\n"
-                     "\t\thist_add(sm.hi, hist + HIST_HI",
-                     "\t\thist_add(sm.hi, hist + HIST_HI")],
+                     "\t\tif (fine_g)\n",
+                     "\t\tif (fine_g)\n")],
         "nomatch": [(FINE, "\tif (valid)\n\t\tatomicAdd(&g_lo[lb], wv);\n")],
         "nomatch2": [(FINE, "\tif (valid)\n\t\tatomicAdd(&g_lo[lb], wv);\n"),
                      (COARSE, "\tif (valid)\n\t\tatomicAdd(&sh_hi[hb], wv);\n"

@@ -299,6 +299,12 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * ones); never with GPU_ATTN_SCORE_FMA, and three stages take no early
  * loads (GPU_ATTN_SCORE_PRE). */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
+/* The score kernel's fine histogram (the cut's 16-bit bins) added to
+ * global memory by every warp as it scores a tile, the version before
+ * each CTA summed its bins in shared memory and added them once at its
+ * end (attn.cu hist_add_ht); kept to compare.  The histograms, and so
+ * the selection, are the same either way. */
+#define GPU_ATTN_FINE_GLOBAL 268435456u
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads
@@ -367,6 +373,15 @@ GPU_HIDDEN uint32_t *gpu_ws_chunks(const struct gpu_attn_args *a, uint32_t head)
  * and the last tied block taken (0: none).  Block i is selected iff i == 0,
  * its key is above the first word, or equal to it with i <= the second. */
 GPU_HIDDEN uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head);
+/* After gpu_score_select (or the stage cut after the score kernel,
+ * gpu_score_select_upto's 2): the score kernel's histograms of context
+ * @head, GPU_HIST_COARSE words of the keys' bits 31..21 (keys as in
+ * gpu_ws_cut), then GPU_HIST_FINE of their bits 31..16, each bin the
+ * tokens of the blocks whose key falls in it, block 0 (the sink) left
+ * out.  Device pointer. */
+#define GPU_HIST_COARSE 2048u
+#define GPU_HIST_FINE 65536u
+GPU_HIDDEN uint32_t *gpu_ws_hist(const struct gpu_attn_args *a, uint32_t head);
 /* After a step that ordered its attention CTAs (GPU_ATTN_SLOT_ORDER
  * unset, the many-CTA select leaving the cut): the order, *@slots words
  * for context @head, the slot index of each rank (@quest: Quest's step's

@@ -1654,7 +1654,10 @@ Test(gpu, packed_sum8_long_chunk64, .timeout = 120)
  * synth_group(j, groups), pattern g = (1 + g) times one random magnitude
  * row u: min -u (1 + g), max u (1 + g), so every head's score of a block
  * is (1 + g) sum |q'| u: the patterns' scores far apart (ratios >= 8/7),
- * a pattern's blocks exactly alike (ties). */
+ * a pattern's blocks exactly alike (ties).  @wide (independent blocks
+ * only): each block's summaries times its own 2^e, e from -60 to 60, so
+ * that the scores' keys spread over thousands of fine histogram bins
+ * (more than a score CTA's table holds: hist_add_ht's fallback). */
 struct synth1m {
 	uint32_t nb, b, S, d, nq, dk, nseg;
 	uint16_t *mn, *mx, *rot;
@@ -1668,7 +1671,7 @@ static uint32_t synth_group(uint32_t j, uint32_t groups)
 }
 
 static void synth_build(struct synth1m *m, struct gu_rng *rng, uint32_t nb, uint32_t nseg,
-			uint32_t groups)
+			uint32_t groups, int wide)
 {
 	memset(m, 0, sizeof *m);
 	cr_assert(nseg >= 1 && nseg <= 4096 && nb % nseg == 0);
@@ -1679,11 +1682,14 @@ static void synth_build(struct synth1m *m, struct gu_rng *rng, uint32_t nb, uint
 	float u[32];
 	for (uint32_t ch = 0; ch < S && groups >= 2; ch++)
 		u[ch] = 0.1f + (float)fabs(gu_normal(rng));
+	float scale = 1.0f;
 	for (size_t i = 0; i < (size_t)nb * S; i++) {
 		float a, z;
+		if (wide && i % S == 0)
+			scale = ldexpf(1.0f, (int)gu_below(rng, 121) - 60);
 		if (groups == 0) {
-			a = (float)gu_normal(rng);
-			z = a + (float)fabs(gu_normal(rng));
+			a = (float)gu_normal(rng) * (wide ? scale : 1.0f);
+			z = a + (float)fabs(gu_normal(rng)) * (wide ? scale : 1.0f);
 		} else if (groups == 1) {
 			a = 0.25f;
 			z = 0.5f;
@@ -1727,7 +1733,7 @@ static void synth_build(struct synth1m *m, struct gu_rng *rng, uint32_t nb, uint
 /* 65,536 blocks of 16 (1M tokens) in 16 segments */
 static void synth1m_build(struct synth1m *m, struct gu_rng *rng, int all_equal)
 {
-	synth_build(m, rng, 65536, 16, all_equal ? 1 : 0);
+	synth_build(m, rng, 65536, 16, all_equal ? 1 : 0, 0);
 }
 
 /* The CPU's score of synthetic block @j for query @q (identity rotation:
@@ -1760,16 +1766,17 @@ static void synth1m_free(struct synth1m *m)
 }
 
 /* @nb blocks of 16 in @nseg equal segments of one context: synthetic
- * summaries, the GPU's scores checked against the CPU's, its selection
+ * summaries (@wide: synth_build's), the GPU's scores checked against the
+ * CPU's, its histograms against the CPU's of its scores, its selection
  * against the rule on those scores. */
-static void check_synth_select(uint32_t nb, uint32_t nseg)
+static void check_synth_select_w(uint32_t nb, uint32_t nseg, int wide)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
 	struct synth1m m;
-	synth_build(&m, &rng, nb, nseg, 0);
+	synth_build(&m, &rng, nb, nseg, 0, wide);
 	const uint32_t b = m.b, d = m.d, nq = m.nq;
 	struct run r;
 	run_init(&r, &rng, 1, nq, d, 0.1);
@@ -1792,6 +1799,28 @@ static void check_synth_select(uint32_t nb, uint32_t nseg)
 		cr_assert(fabsf(best - gs[j]) <= 1e-5f * (fabsf(best) + 1.0f), "block %u: %g vs %g", j,
 			  gs[j], best);
 	}
+	/* the histograms: every block but the sink, b tokens each, at its
+	 * key's top 11 and top 16 bits */
+	const size_t nh = GPU_HIST_COARSE + GPU_HIST_FINE;
+	uint32_t *gh = malloc(4 * nh), *ch = calloc(nh, 4);
+	cr_assert(gh && ch);
+	GU_CK(cudaMemcpy(gh, gpu_ws_hist(&r.a, 0), 4 * nh, cudaMemcpyDeviceToHost));
+	uint32_t nfine = 0;
+	for (uint32_t j = 1; j < nb; j++) {
+		uint32_t k = host_fkey(gs[j]);
+		ch[k >> 21] += b;
+		nfine += ch[GPU_HIST_COARSE + (k >> 16)] == 0;
+		ch[GPU_HIST_COARSE + (k >> 16)] += b;
+	}
+	for (size_t i = 0; i < nh; i++)
+		cr_assert_eq(gh[i], ch[i], "seed %llu: %s bin %zu: %u tokens, want %u (%u fine bins)",
+			     (unsigned long long)seed, i < GPU_HIST_COARSE ? "coarse" : "fine",
+			     i < GPU_HIST_COARSE ? i : i - GPU_HIST_COARSE, gh[i], ch[i], nfine);
+	if (wide) /* the table's fallback met: more bins than a CTA's slots */
+		cr_assert_gt(nfine, 8192u, "seed %llu: only %u fine bins", (unsigned long long)seed,
+			     nfine);
+	free(gh);
+	free(ch);
 	/* every non-selected block scores <= every selected one (ties by index) */
 	uint8_t *in = calloc(nb, 1);
 	for (uint32_t i = 0; i < cnt[0]; i++)
@@ -1812,8 +1841,34 @@ static void check_synth_select(uint32_t nb, uint32_t nseg)
 	run_free(&r);
 }
 
+static void check_synth_select(uint32_t nb, uint32_t nseg)
+{
+	check_synth_select_w(nb, nseg, 0);
+}
+
 /* 65,536 blocks of 16 in one context (1M tokens), 16 segments */
 Test(gpu, select_1m_tokens) { check_synth_select(65536, 16); }
+/* scores over 2^120 of range: tens of thousands of fine bins, every
+ * score CTA's table (HT_SLOTS) overflowing to the global histograms; by
+ * default (two stages at one context), three stages, and with the fine
+ * histogram global (GPU_ATTN_FINE_GLOBAL); and with the histogram's usual
+ * spread in that form */
+Test(gpu, select_wide_scores) { check_synth_select_w(65536, 16, 1); }
+Test(gpu, select_wide_scores_3stage)
+{
+	g_flags = GPU_ATTN_SCORE_3STAGE;
+	check_synth_select_w(65536, 16, 1);
+}
+Test(gpu, select_wide_scores_fine_global)
+{
+	g_flags = GPU_ATTN_FINE_GLOBAL;
+	check_synth_select_w(65536, 16, 1);
+}
+Test(gpu, select_1m_tokens_fine_global)
+{
+	g_flags = GPU_ATTN_FINE_GLOBAL;
+	check_synth_select(65536, 16);
+}
 /* Segments past 32 and past 1,024, segments not a whole number of score
  * tiles (rows past a tile's segment); with GPU_ATTN_SCORE_PRE k_score
  * finds its first tiles' segments itself (seg_of_block_warp: one sample
@@ -2110,7 +2165,7 @@ static void ties_at_cut(uint32_t nb, uint32_t groups, double frac)
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
 	struct synth1m m;
-	synth_build(&m, &rng, nb, 4, groups);
+	synth_build(&m, &rng, nb, 4, groups, 0);
 	const uint32_t b = m.b;
 	struct run r;
 	run_init(&r, &rng, 1, m.nq, m.d, frac);
