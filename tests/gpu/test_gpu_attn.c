@@ -1765,11 +1765,12 @@ static void synth1m_free(struct synth1m *m)
 	cudaFree((void *)m->hh.segs);
 }
 
-/* @nb blocks of 16 in @nseg equal segments of one context: synthetic
- * summaries (@wide: synth_build's), the GPU's scores checked against the
- * CPU's, its histograms against the CPU's of its scores, its selection
- * against the rule on those scores. */
-static void check_synth_select_w(uint32_t nb, uint32_t nseg, int wide)
+/* @nb blocks of 16 in @nseg equal segments: synthetic summaries (@wide:
+ * synth_build's), the same for each of @H contexts, each with its own
+ * query; for each, the GPU's scores checked against the CPU's, its
+ * histograms against the CPU's of its scores, its selection against the
+ * rule on those scores. */
+static void check_synth_select_w(uint32_t nb, uint32_t nseg, int wide, uint32_t H)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
@@ -1779,61 +1780,76 @@ static void check_synth_select_w(uint32_t nb, uint32_t nseg, int wide)
 	synth_build(&m, &rng, nb, nseg, 0, wide);
 	const uint32_t b = m.b, d = m.d, nq = m.nq;
 	struct run r;
-	run_init(&r, &rng, 1, nq, d, 0.1);
+	run_init(&r, &rng, H, nq, d, 0.1);
 	run_args(&r, nseg, nb, 0, 16);
-	r.dheads = gu_upload(&m.hh, sizeof m.hh);
+	struct gpu_head *hh = malloc(H * sizeof *hh);
+	cr_assert(hh);
+	for (uint32_t h = 0; h < H; h++)
+		hh[h] = m.hh;
+	r.dheads = gu_upload(hh, H * sizeof *hh);
+	free(hh);
 	cr_assert_eq(gpu_score_select(&r.a, r.dheads, 0), 0);
 	GU_CK(cudaDeviceSynchronize());
 	float *gs = malloc(4 * (size_t)nb);
 	uint32_t cnt[2], *gsel = malloc(4 * (size_t)nb);
-	GU_CK(cudaMemcpy(gs, gpu_ws_scores(&r.a, 0), 4 * (size_t)nb, cudaMemcpyDeviceToHost));
-	GU_CK(cudaMemcpy(cnt, gpu_ws_counts(&r.a, 0), 8, cudaMemcpyDeviceToHost));
-	GU_CK(cudaMemcpy(gsel, gpu_ws_selected(&r.a, 0), 4 * (size_t)cnt[0], cudaMemcpyDeviceToHost));
-	/* identity rotation: q' = first dk channels of q; CPU scores in the
-	 * reference's order, then the selection rule on the GPU's own scores */
-	uint32_t budget = (uint32_t)ceil(0.1 * nb * b), want = (budget - b + b - 1) / b + 1;
-	cr_assert_eq(cnt[0], want, "seed %llu: %u selected, want %u", (unsigned long long)seed,
-		     cnt[0], want);
-	for (uint32_t j = 0; j < nb; j++) {
-		float best = synth_score(&m, r.q, j);
-		cr_assert(fabsf(best - gs[j]) <= 1e-5f * (fabsf(best) + 1.0f), "block %u: %g vs %g", j,
-			  gs[j], best);
-	}
-	/* the histograms: every block but the sink, b tokens each, at its
-	 * key's top 11 and top 16 bits */
 	const size_t nh = GPU_HIST_COARSE + GPU_HIST_FINE;
-	uint32_t *gh = malloc(4 * nh), *ch = calloc(nh, 4);
-	cr_assert(gh && ch);
-	GU_CK(cudaMemcpy(gh, gpu_ws_hist(&r.a, 0), 4 * nh, cudaMemcpyDeviceToHost));
-	uint32_t nfine = 0;
-	for (uint32_t j = 1; j < nb; j++) {
-		uint32_t k = host_fkey(gs[j]);
-		ch[k >> 21] += b;
-		nfine += ch[GPU_HIST_COARSE + (k >> 16)] == 0;
-		ch[GPU_HIST_COARSE + (k >> 16)] += b;
+	uint32_t *gh = malloc(4 * nh), *ch = malloc(4 * nh);
+	uint8_t *in = malloc(nb);
+	cr_assert(gs && gsel && gh && ch && in);
+	for (uint32_t h = 0; h < H; h++) {
+		GU_CK(cudaMemcpy(gs, gpu_ws_scores(&r.a, h), 4 * (size_t)nb,
+				 cudaMemcpyDeviceToHost));
+		GU_CK(cudaMemcpy(cnt, gpu_ws_counts(&r.a, h), 8, cudaMemcpyDeviceToHost));
+		GU_CK(cudaMemcpy(gsel, gpu_ws_selected(&r.a, h), 4 * (size_t)cnt[0],
+				 cudaMemcpyDeviceToHost));
+		/* identity rotation: q' = first dk channels of q; CPU scores in
+		 * the reference's order, then the selection rule on the GPU's
+		 * own scores */
+		uint32_t budget = (uint32_t)ceil(0.1 * nb * b), want = (budget - b + b - 1) / b + 1;
+		cr_assert_eq(cnt[0], want, "seed %llu context %u: %u selected, want %u",
+			     (unsigned long long)seed, h, cnt[0], want);
+		for (uint32_t j = 0; j < nb; j++) {
+			float best = synth_score(&m, r.q + (size_t)h * nq * d, j);
+			cr_assert(fabsf(best - gs[j]) <= 1e-5f * (fabsf(best) + 1.0f),
+				  "context %u block %u: %g vs %g", h, j, gs[j], best);
+		}
+		/* the histograms: every block but the sink, b tokens each, at
+		 * its key's top 11 and top 16 bits */
+		GU_CK(cudaMemcpy(gh, gpu_ws_hist(&r.a, h), 4 * nh, cudaMemcpyDeviceToHost));
+		memset(ch, 0, 4 * nh);
+		uint32_t nfine = 0;
+		for (uint32_t j = 1; j < nb; j++) {
+			uint32_t k = host_fkey(gs[j]);
+			ch[k >> 21] += b;
+			nfine += ch[GPU_HIST_COARSE + (k >> 16)] == 0;
+			ch[GPU_HIST_COARSE + (k >> 16)] += b;
+		}
+		for (size_t i = 0; i < nh; i++)
+			cr_assert_eq(gh[i], ch[i],
+				     "seed %llu context %u: %s bin %zu: %u tokens, want %u (%u fine "
+				     "bins)",
+				     (unsigned long long)seed, h, i < GPU_HIST_COARSE ? "coarse" : "fine",
+				     i < GPU_HIST_COARSE ? i : i - GPU_HIST_COARSE, gh[i], ch[i], nfine);
+		if (wide) /* the table's fallback met: more bins than a CTA's slots */
+			cr_assert_gt(nfine, 8192u, "seed %llu: only %u fine bins",
+				     (unsigned long long)seed, nfine);
+		/* every non-selected block scores <= every selected one (ties
+		 * by index) */
+		memset(in, 0, nb);
+		for (uint32_t i = 0; i < cnt[0]; i++)
+			in[gsel[i]] = 1;
+		float minsel = INFINITY, maxun = -INFINITY;
+		for (uint32_t j = 1; j < nb; j++) {
+			if (in[j] && gs[j] < minsel)
+				minsel = gs[j];
+			if (!in[j] && gs[j] > maxun)
+				maxun = gs[j];
+		}
+		cr_assert(in[0] && maxun <= minsel, "seed %llu context %u: unselected %g > selected %g",
+			  (unsigned long long)seed, h, maxun, minsel);
 	}
-	for (size_t i = 0; i < nh; i++)
-		cr_assert_eq(gh[i], ch[i], "seed %llu: %s bin %zu: %u tokens, want %u (%u fine bins)",
-			     (unsigned long long)seed, i < GPU_HIST_COARSE ? "coarse" : "fine",
-			     i < GPU_HIST_COARSE ? i : i - GPU_HIST_COARSE, gh[i], ch[i], nfine);
-	if (wide) /* the table's fallback met: more bins than a CTA's slots */
-		cr_assert_gt(nfine, 8192u, "seed %llu: only %u fine bins", (unsigned long long)seed,
-			     nfine);
 	free(gh);
 	free(ch);
-	/* every non-selected block scores <= every selected one (ties by index) */
-	uint8_t *in = calloc(nb, 1);
-	for (uint32_t i = 0; i < cnt[0]; i++)
-		in[gsel[i]] = 1;
-	float minsel = INFINITY, maxun = -INFINITY;
-	for (uint32_t j = 1; j < nb; j++) {
-		if (in[j] && gs[j] < minsel)
-			minsel = gs[j];
-		if (!in[j] && gs[j] > maxun)
-			maxun = gs[j];
-	}
-	cr_assert(in[0] && maxun <= minsel, "seed %llu: unselected %g > selected %g",
-		  (unsigned long long)seed, maxun, minsel);
 	free(in);
 	free(gs);
 	free(gsel);
@@ -1843,7 +1859,7 @@ static void check_synth_select_w(uint32_t nb, uint32_t nseg, int wide)
 
 static void check_synth_select(uint32_t nb, uint32_t nseg)
 {
-	check_synth_select_w(nb, nseg, 0);
+	check_synth_select_w(nb, nseg, 0, 1);
 }
 
 /* 65,536 blocks of 16 in one context (1M tokens), 16 segments */
@@ -1853,17 +1869,22 @@ Test(gpu, select_1m_tokens) { check_synth_select(65536, 16); }
  * default (two stages at one context), three stages, and with the fine
  * histogram global (GPU_ATTN_FINE_GLOBAL); and with the histogram's usual
  * spread in that form */
-Test(gpu, select_wide_scores) { check_synth_select_w(65536, 16, 1); }
+Test(gpu, select_wide_scores) { check_synth_select_w(65536, 16, 1, 1); }
 Test(gpu, select_wide_scores_3stage)
 {
 	g_flags = GPU_ATTN_SCORE_3STAGE;
-	check_synth_select_w(65536, 16, 1);
+	check_synth_select_w(65536, 16, 1, 1);
 }
 Test(gpu, select_wide_scores_fine_global)
 {
 	g_flags = GPU_ATTN_FINE_GLOBAL;
-	check_synth_select_w(65536, 16, 1);
+	check_synth_select_w(65536, 16, 1, 1);
 }
+/* eight contexts of 1M tokens (a wave of ~49 score CTAs a context, their
+ * tables flushed into each context's histograms), and the same with
+ * wide scores */
+Test(gpu, select_8x1m_tokens, .timeout = 120) { check_synth_select_w(65536, 16, 0, 8); }
+Test(gpu, select_8x_wide_scores, .timeout = 120) { check_synth_select_w(65536, 16, 1, 8); }
 Test(gpu, select_1m_tokens_fine_global)
 {
 	g_flags = GPU_ATTN_FINE_GLOBAL;
