@@ -25,10 +25,10 @@ Used in the thirty-ninth session (gpu/NOTES.md).
 import sys
 
 
-FINE = '\tpeers = __match_any_sync(all, lb);\n\tsum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);\n\tif (valid && lane == (uint32_t)(__ffs(peers) - 1))\n\t\tatomicAdd(&g_lo[lb], sum);\n'
+FINE = '\tsum = bin_sum(lb, wv, uni, valid, &lead);\n\tif (lead)\n\t\tatomicAdd(&g_lo[lb], sum);\n'
 ADDS = ('\t\tif (fine_g)\n\t\t\thist_add(sm.hi, hist + HIST_HI, valid && gb >= 1, sc, w);\n'
         '\t\telse\n\t\t\thist_add_ht(sm.ht.key, sm.ht.cnt, hist, valid && gb >= 1, sc, w);\n')
-COARSE = '\tuint32_t peers = __match_any_sync(all, hb);\n\tuint32_t sum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);\n\tif (valid && lane == (uint32_t)(__ffs(peers) - 1))\n\t\tatomicAdd(&sh_hi[hb], sum);\n'
+COARSE = '\tuint32_t sum = bin_sum(hb, wv, uni, valid, &lead);\n\tif (lead)\n\t\tatomicAdd(&sh_hi[hb], sum);\n'
 
 
 def patch(tree, variant):
@@ -48,7 +48,7 @@ def patch(tree, variant):
         "nomatch": [(FINE, "\tif (valid)\n\t\tatomicAdd(&g_lo[lb], wv);\n")],
         "nomatch2": [(FINE, "\tif (valid)\n\t\tatomicAdd(&g_lo[lb], wv);\n"),
                      (COARSE, "\tif (valid)\n\t\tatomicAdd(&sh_hi[hb], wv);\n"
-                      "\t(void)uni;\n\t(void)lane;\n")],
+                      "\t(void)uni;\n\t(void)lead;\n")],
     }[variant]
     for old, new in edits:
         if old not in s:

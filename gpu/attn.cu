@@ -961,23 +961,39 @@ __device__ __forceinline__ void stage_qpm(float *qpm, const float *q, uint32_t n
  * non-uniform mask, the compiler makes a loop over the lane groups).  All
  * lanes of the warp must call it.
  */
+/* A warp's weights (@wv, 0 where not @valid): whether every valid lane's
+ * is the same (then a group's sum is a popcount times it).  All lanes. */
+__device__ __forceinline__ bool warp_uniform(bool valid, uint32_t wv)
+{
+	const uint32_t all = 0xffffffffu;
+	uint32_t w0 = __shfl_sync(all, wv, __ffs(__ballot_sync(all, valid) | 0x80000000u) - 1);
+	return __all_sync(all, !valid || wv == w0);
+}
+
+/* The weights of the warp's lanes with this lane's @bin, summed; *@lead:
+ * this lane is valid and the lowest of them (the one to add the sum).
+ * All lanes. */
+__device__ __forceinline__ uint32_t bin_sum(uint32_t bin, uint32_t wv, bool uni, bool valid,
+					    bool *lead)
+{
+	uint32_t peers = __match_any_sync(0xffffffffu, bin);
+	*lead = valid && (threadIdx.x & 31) == (uint32_t)(__ffs(peers) - 1);
+	return uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);
+}
+
 __device__ __forceinline__ void hist_add(uint32_t *sh_hi, uint32_t *g_lo, bool valid, float sc,
 					 uint32_t w)
 {
 	const uint32_t all = 0xffffffffu;
 	uint32_t k = fkey(sc);
 	uint32_t hb = valid ? k >> 21 : all, lb = valid ? k >> 16 : all;
-	uint32_t lane = threadIdx.x & 31;
 	uint32_t wv = valid ? w : 0u;
-	uint32_t w0 = __shfl_sync(all, wv, __ffs(__ballot_sync(all, valid) | 0x80000000u) - 1);
-	bool uni = __all_sync(all, !valid || wv == w0);
-	uint32_t peers = __match_any_sync(all, hb);
-	uint32_t sum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);
-	if (valid && lane == (uint32_t)(__ffs(peers) - 1))
+	bool uni = warp_uniform(valid, wv), lead;
+	uint32_t sum = bin_sum(hb, wv, uni, valid, &lead);
+	if (lead)
 		atomicAdd(&sh_hi[hb], sum);
-	peers = __match_any_sync(all, lb);
-	sum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);
-	if (valid && lane == (uint32_t)(__ffs(peers) - 1))
+	sum = bin_sum(lb, wv, uni, valid, &lead);
+	if (lead)
 		atomicAdd(&g_lo[lb], sum);
 }
 
@@ -1006,15 +1022,11 @@ __device__ __forceinline__ void hist_flush(const uint32_t *sh_hi, uint32_t *g_hi
 __device__ __forceinline__ void hist_add_ht(uint32_t *key, uint32_t *cnt, uint32_t *g_hist,
 					    bool valid, float sc, uint32_t w)
 {
-	const uint32_t all = 0xffffffffu;
-	uint32_t lb = valid ? fkey(sc) >> 16 : all;
-	uint32_t lane = threadIdx.x & 31;
+	uint32_t lb = valid ? fkey(sc) >> 16 : 0xffffffffu;
 	uint32_t wv = valid ? w : 0u;
-	uint32_t w0 = __shfl_sync(all, wv, __ffs(__ballot_sync(all, valid) | 0x80000000u) - 1);
-	bool uni = __all_sync(all, !valid || wv == w0);
-	uint32_t peers = __match_any_sync(all, lb);
-	uint32_t sum = uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);
-	if (!valid || lane != (uint32_t)(__ffs(peers) - 1))
+	bool lead;
+	uint32_t sum = bin_sum(lb, wv, warp_uniform(valid, wv), valid, &lead);
+	if (!lead)
 		return;
 	const uint32_t tag = lb + 1;
 	uint32_t sl = lb % HT_SLOTS;
