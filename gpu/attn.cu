@@ -951,16 +951,6 @@ __device__ __forceinline__ void stage_qpm(float *qpm, const float *q, uint32_t n
 	}
 }
 
-/*
- * Add a block's weight to the context's key histograms: the coarse one
- * (bits 31..21) in shared memory, flushed by hist_flush (scores crowd into
- * a few of its bins: global atomics would queue on them), the fine one
- * (bits 31..16) straight to global memory.  Lanes with equal bins add
- * once; their sum is a popcount times the weight when the warp's weights
- * are equal (full blocks: nearly always), else a reduction (which, over a
- * non-uniform mask, the compiler makes a loop over the lane groups).  All
- * lanes of the warp must call it.
- */
 /* A warp's weights (@wv, 0 where not @valid): whether every valid lane's
  * is the same (then a group's sum is a popcount times it).  All lanes. */
 __device__ __forceinline__ bool warp_uniform(bool valid, uint32_t wv)
@@ -981,6 +971,18 @@ __device__ __forceinline__ uint32_t bin_sum(uint32_t bin, uint32_t wv, bool uni,
 	return uni ? __popc(peers) * wv : __reduce_add_sync(peers, wv);
 }
 
+/*
+ * Add a block's weight to the context's key histograms: the coarse one
+ * (bits 31..21) in shared memory, flushed by hist_flush (scores crowd into
+ * a few of its bins: global atomics would queue on them), the fine one
+ * (bits 31..16) straight to global memory.  Lanes with equal bins add
+ * once; their sum is a popcount times the weight when the warp's weights
+ * are equal (full blocks: nearly always), else a reduction (which, over a
+ * non-uniform mask, the compiler makes a loop over the lane groups).  All
+ * lanes of the warp must call it.  The score kernel's form with
+ * GPU_ATTN_FINE_GLOBAL, and Quest's (a tile a CTA); by default the score
+ * kernel takes hist_add_ht.
+ */
 __device__ __forceinline__ void hist_add(uint32_t *sh_hi, uint32_t *g_lo, bool valid, float sc,
 					 uint32_t w)
 {
