@@ -145,6 +145,15 @@ static cudaGraphExec_t capture(step_fn f, const struct gpu_attn_args *a, const v
 	return ge;
 }
 
+/* Median µs of @f's step as a graph (capture, time, destroy). */
+static double time_step(step_fn f, const struct gpu_attn_args *a, const void *heads)
+{
+	cudaGraphExec_t g = capture(f, a, heads);
+	double t = time_graph(g, 1);
+	CK(cudaGraphExecDestroy(g));
+	return t;
+}
+
 /* The contenders' calls with flags @fl added to the step's. */
 static int packed_with(const struct gpu_attn_args *a, const void *h, cudaStream_t s, uint32_t fl)
 {
@@ -958,19 +967,13 @@ int main(int argc, char **argv)
 				step_fn fs[6] = {f_packed_upto2, f_upto2_fg, f_upto2_2st,
 						 f_upto2_3st, f_packed_upto2, f_upto2_fg};
 				double t[7], t8 = 0;
-				cudaGraphExec_t g = capture(f_packed_upto1, &a, dheads);
-				t[0] = time_graph(g, 1);
-				cudaGraphExecDestroy(g);
+				t[0] = time_step(f_packed_upto1, &a, dheads);
 				for (int k = 0; k < 6; k++) {
 					if (k == 4) {
 						make_heads(&s, H, L, dsegs, dheads, ddense, 4);
-						g = capture(f_packed_upto1, &a, dheads);
-						t8 = time_graph(g, 1);
-						cudaGraphExecDestroy(g);
+						t8 = time_step(f_packed_upto1, &a, dheads);
 					}
-					g = capture(fs[k], &a, dheads);
-					t[k + 1] = time_graph(g, 1) - (k >= 4 ? t8 : t[0]);
-					cudaGraphExecDestroy(g);
+					t[k + 1] = time_step(fs[k], &a, dheads) - (k >= 4 ? t8 : t[0]);
 				}
 				printf("score-only %u %u: clear+qrot %.1f us; score kernel %.1f (fine global "
 				       "%.1f, 2 stages %.1f, 3 stages %.1f; 8-bit %.1f, fine global %.1f) "
@@ -1051,12 +1054,8 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_pso = capture(f_packed_so, &a, dheads);
 			cudaGraphExec_t g_qso = capture(f_quest_wo, &a, ddense);
 			double t_pso = time_graph(g_pso, 1), t_qso = time_graph(g_qso, 1);
-			cudaGraphExec_t g_pb64 = capture(f_packed_b64, &a, dheads);
-			double t_pb64 = time_graph(g_pb64, 1);
-			cudaGraphExecDestroy(g_pb64);
-			cudaGraphExec_t g_pni = capture(f_packed_ni, &a, dheads);
-			double t_pni = time_graph(g_pni, 1);
-			cudaGraphExecDestroy(g_pni);
+			double t_pb64 = time_step(f_packed_b64, &a, dheads);
+			double t_pni = time_step(f_packed_ni, &a, dheads);
 			cudaGraphExec_t g_pfm = capture(f_packed_fma, &a, dheads);
 			cudaGraphExec_t g_psfm = capture(f_packed_ss_fma, &a, dheads);
 			cudaGraphExec_t g_qsfm = capture(f_quest_ss_fma, &a, ddense);
@@ -1073,9 +1072,7 @@ int main(int argc, char **argv)
 			double t_ppre = time_graph(g_ppre, 1), t_pspre = time_graph(g_pspre, 1);
 			double t_psts = time_graph(g_psts, 1);
 			cudaGraphExecDestroy(g_psts);
-			cudaGraphExec_t g_pmny = capture(f_packed_many, &a, dheads);
-			double t_pmny = time_graph(g_pmny, 1);
-			cudaGraphExecDestroy(g_pmny);
+			double t_pmny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExec_t g_pmso = capture(f_packed_many_so, &a, dheads);
 			cudaGraphExec_t g_pmni = capture(f_packed_many_ni, &a, dheads);
 			double t_pmso = time_graph(g_pmso, 1), t_pmni = time_graph(g_pmni, 1);
@@ -1142,9 +1139,7 @@ int main(int argc, char **argv)
 			double t_p8 = time_graph(g_p8, 1), t_ps8 = time_graph(g_ps8, 1);
 			double t_ps8c = time_graph(g_ps8c, 1);
 			cudaGraphExecDestroy(g_ps8c);
-			cudaGraphExec_t g_ps8fg = capture(f_packed_ss_fg, &a, dheads);
-			double t_ps8fg = time_graph(g_ps8fg, 1);
-			cudaGraphExecDestroy(g_ps8fg);
+			double t_ps8fg = time_step(f_packed_ss_fg, &a, dheads);
 			double t8_1 = NAN, t8_2 = NAN;
 			if (split) {
 				cudaGraphExec_t g1 = capture(f_packed_upto1, &a, dheads);
@@ -1186,13 +1181,9 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_pg28sts = capture(f_packed_sts, &a, dheads);
 			double t_pg28cm = time_graph(g_pg28cm, 1), t_pg28pre = time_graph(g_pg28pre, 1);
 			double t_pg28sts = time_graph(g_pg28sts, 1);
-			cudaGraphExec_t g_pg28fg = capture(f_packed_fg, &a, dheads);
-			double t_pg28fg = time_graph(g_pg28fg, 1);
-			cudaGraphExecDestroy(g_pg28fg);
+			double t_pg28fg = time_step(f_packed_fg, &a, dheads);
 			cudaGraphExecDestroy(g_pg28sts);
-			cudaGraphExec_t g_pg28mny = capture(f_packed_many, &a, dheads);
-			double t_pg28mny = time_graph(g_pg28mny, 1);
-			cudaGraphExecDestroy(g_pg28mny);
+			double t_pg28mny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExecDestroy(g_pg28cm);
 			cudaGraphExecDestroy(g_pg28pre);
 			cudaGraphExecDestroy(g_pg28);
