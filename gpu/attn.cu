@@ -1064,10 +1064,7 @@ __device__ __forceinline__ void hist_flush_ht(const uint32_t *key, const uint32_
 			atomicAdd(&co[(k - 1) >> 5], cnt[i]);
 		}
 	}
-	__syncthreads();
-	for (uint32_t i = threadIdx.x; i < HIST_HI; i += blockDim.x)
-		if (co[i])
-			atomicAdd(&g_hist[i], co[i]);
+	hist_flush(co, g_hist); /* the coarse bins, as hist_add's */
 }
 
 /* A segment's fields the score reads, in one round trip. */
