@@ -1796,6 +1796,7 @@ static void check_synth_select_w(uint32_t nb, uint32_t nseg, int wide, uint32_t 
 	uint32_t *gh = malloc(4 * nh), *ch = malloc(4 * nh);
 	uint8_t *in = malloc(nb);
 	cr_assert(gs && gsel && gh && ch && in);
+	const uint32_t budget = (uint32_t)ceil(0.1 * nb * b), want = (budget - b + b - 1) / b + 1;
 	for (uint32_t h = 0; h < H; h++) {
 		GU_CK(cudaMemcpy(gs, gpu_ws_scores(&r.a, h), 4 * (size_t)nb,
 				 cudaMemcpyDeviceToHost));
@@ -1805,7 +1806,6 @@ static void check_synth_select_w(uint32_t nb, uint32_t nseg, int wide, uint32_t 
 		/* identity rotation: q' = first dk channels of q; CPU scores in
 		 * the reference's order, then the selection rule on the GPU's
 		 * own scores */
-		uint32_t budget = (uint32_t)ceil(0.1 * nb * b), want = (budget - b + b - 1) / b + 1;
 		cr_assert_eq(cnt[0], want, "seed %llu context %u: %u selected, want %u",
 			     (unsigned long long)seed, h, cnt[0], want);
 		for (uint32_t j = 0; j < nb; j++) {
