@@ -4,17 +4,27 @@ side, with each one's ratio to the first: `python3 bench/attn_ab.py
 bench.log [column ...]` (default: the ordered path's variants).  Reads the
 header row (the line starting with "batch") and every data row under it;
 a column the log lacks prints as "-" (an older binary's table).  The
-default since the forty-first session: ours_us and g2_s8, each beside
-its variant with k_segrot after the whole attention kernel (ours_srw,
-g28_srw: GPU_ATTN_SEGROT_WAIT), then the score kernel's fine histogram
-added by every warp (ours_fg, os_fg: GPU_ATTN_FINE_GLOBAL), the score
-stage (oscore, os_s8: their ratios to ours_us mean nothing), g = 2,
-the many-CTA select forced, slot order, the select alone with one or
-many CTAs, and Quest.  Any other column of the table can be named."""
+default since the thirty-fifth session: the formats side by side (g = 2
+bitmaps, 8-bit summaries, value positions, and their combinations), the
+two score stages (their ratios to ours_us mean nothing: read their
+values), the one-run leads of the thirty-fourth session (wider chunks,
+one slot a window) and Quest; since the thirty-sixth session the clear's
+memset node beside it (ours_cm, os_cm, g28_cm) and the score kernel
+with its early loads (ours_pre, os_pre, g28_pre: GPU_ATTN_SCORE_PRE); since
+the thirty-seventh the select's tail in its serial order (ours_sts,
+g28_sts: GPU_ATTN_SEL_TAIL_SERIAL) and the many-CTA select forced where
+the step takes the one-CTA select (ours_mny, g28_mny, beside the stage's
+os_1cta and os_many; ours_mso, ours_mni: that in slot order and without
+idle marks); since the thirty-eighth the first wave in rank order
+(ours_ofl, ours_mfl: GPU_ATTN_ORDER_FLAT, beside ours_us and ours_mny);
+since the fortieth the score kernel's fine histogram added to global
+memory by every warp (ours_fg, os_fg, os8_fg, g28_fg: GPU_ATTN_FINE_GLOBAL,
+beside ours_us, oscore, os_s8 and g2_s8)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_srw", "g2_s8", "g28_srw", "ours_fg", "oscore", "os_fg", "os_s8",
-           "ours_g2", "ours_mny", "ours_so", "os_1cta", "os_many", "quest_us"]
+DEFAULT = ["ours_us", "ours_fg", "oscore", "os_fg", "os_s8", "os8_fg", "g2_s8", "g28_fg", "ours_2st",
+           "ours_3st", "os_2st", "os_3st", "ours_g2", "ours_mny", "ours_pre", "os_1cta", "os_many",
+           "quest_us"]
 
 
 def rows(path):

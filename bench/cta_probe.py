@@ -60,16 +60,14 @@ struct tr_guard {
 	}
 };
 '''
-KOPEN = '''	} else {
-		pdl_begin();
-	}
+KOPEN = '''{
+	pdl_begin();
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
 '''
-KSTAMP = '''	} else {
-		pdl_begin();
-	}
+KSTAMP = '''{
+	pdl_begin();
 	tr_guard TG{g_tr[blockIdx.y * gridDim.x + blockIdx.x]};
 	if (threadIdx.x == 0) {
 		unsigned long long gt; unsigned smid;

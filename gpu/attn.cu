@@ -107,22 +107,14 @@ struct ws_layout {
 			    * CTAs are ordered: CTAs an SM and SMs
 			    * (gpu_wave_rank; 0: rank order; set by the
 			    * launch, wave_of) */
-	uint32_t rel;      /* nonzero: k_segrot takes each segment as soon
-			    * as its attention CTAs are done (seg_done;
-			    * set by the launch) */
-	uint32_t nq;       /* query heads a context (the partials' stride) */
 };
 
-/* words a segment note (SEGNOTE) */
-#define NOTE_WORDS 4
-static_assert(NOTE_WORDS == GPU_SEGNOTE_WORDS, "gpu.cuh's note size");
-
 /* Bytes cleared at the start of every step: the histograms (and select
- * state) of every context, then every context's segment notes (SEGNOTE:
- * NOTE_WORDS per segment and the update buffer). */
+ * state) of every context, then every context's segment notes (seg_note:
+ * two words per segment and the update buffer). */
 static size_t clear_bytes(const struct gpu_attn_args *a)
 {
-	return (size_t)a->n_heads * (HIST_WORDS + NOTE_WORDS * ((size_t)a->max_segs + 1)) * 4;
+	return (size_t)a->n_heads * (HIST_WORDS + 2 * ((size_t)a->max_segs + 1)) * 4;
 }
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -265,7 +257,6 @@ static struct ws_layout ws_plan(const struct gpu_attn_args *a, enum ws_mode m)
 	}
 	L.slots = L.max_chunks + L.buf_chunks + L.win_tiles;
 	L.max_segs = a->max_segs;
-	L.nq = a->nq;
 	L.base = al256(clear_bytes(a));
 	size_t off = 0;
 	L.qr = off;
@@ -353,14 +344,10 @@ int gpu_device_ok(void)
  * the start of each step, filled by the score kernel, read by select. */
 #define HIST(ws, h) ((uint32_t *)(ws) + (size_t)(h) * HIST_WORDS)
 /* Context h's note of segment si (si == nseg: the update buffer): [0] its
- * chunks attended, [1] ~(the first chunk's slot); where k_segrot waits on
- * the segment alone (L.rel), [2] its slots done (seg_done: released after
- * their partials; k_segrot sets it back to 0 once it has them all) and
- * [3] 1 where k_segrot stopped waiting on [2] and waited for the whole
- * attention kernel (SEGROT_SPIN_NS; the tests assert it never does). */
+ * chunks attended, [1] ~(the first chunk's slot). */
 #define SEGNOTE(ws, L, n_heads, h, si)                                         \
 	((uint32_t *)(ws) + (size_t)(n_heads) * HIST_WORDS +                   \
-	 NOTE_WORDS * ((size_t)(h) * ((L).max_segs + 1) + (si)))
+	 2 * ((size_t)(h) * ((L).max_segs + 1) + (si)))
 
 /* The slot (context *@hi, slot *@x) an attention CTA works on where the
  * select ordered them (ws_layout.lpt, lpt_order): the CTA at dispatch
@@ -378,34 +365,6 @@ __device__ __forceinline__ bool lpt_slot(const char *ws, const struct ws_layout 
 	*hi = h;
 	*x = v & ~GPU_ORDER_IDLE;
 	return (v & GPU_ORDER_IDLE) != 0u;
-}
-
-/*
- * Where k_segrot takes each segment as soon as its slots are done (L.rel):
- * one slot of the segment of @note is done, its partial stored (the
- * attention CTA's, after a barrier that orders every thread's stores
- * before this thread's fence: the fence is cumulative), or its empty mark
- * (the select's idle slots).  One thread.  The fence also orders the
- * note's other words before the count that k_segrot acquires.
- */
-__device__ __forceinline__ void seg_done(uint32_t *note)
-{
-	__threadfence();
-	atomicAdd(&note[2], 1u);
-}
-
-__device__ __forceinline__ uint32_t ld_acquire(const uint32_t *p)
-{
-	uint32_t v;
-	asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-	return v;
-}
-
-__device__ __forceinline__ uint64_t global_ns(void)
-{
-	uint64_t t;
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	return t;
 }
 
 /* Orderable key of a float score; -0 and +0 compare equal as on the CPU. */
@@ -2414,21 +2373,7 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 			k = t0 < src.win_n ? (min(src.win_n - t0, (uint32_t)WIN_TILE) + 15) / 16 : 0u;
 		}
 		k = min(k, cw);
-		const bool idle = k == 0 && mark;
-		if (idle && L.rel) {
-			/* its CTA then stores nothing: k_segrot may have combined
-			 * the segment's slots, this one among them, by the time it
-			 * runs (the idle ones run last) */
-			float *pml = WSP(float, L, part_ml, ws, h) + (size_t)x * L.nq * 2;
-			for (uint32_t i = 0; i < L.nq; i++)
-				*(float2 *)(pml + 2 * i) = make_float2(-INFINITY, 0.0f);
-			if (x < L.max_chunks && (x >> L.pl) < nw && src.segs) {
-				const uint32_t si = wn[x >> L.pl] >> 10;
-				if (src.segs[si].n_blocks > cw) /* not seg_whole */
-					seg_done(SEGNOTE(ws, L, gridDim.y, h, si));
-			}
-		}
-		key[x] = k | (idle ? GPU_ORDER_IDLE : 0u);
+		key[x] = k | (k == 0 && mark ? GPU_ORDER_IDLE : 0u);
 		atomicAdd(&bins[cw - k], 1u);
 	}
 	__syncthreads();
@@ -3262,7 +3207,6 @@ struct seg_note {
 	uint32_t *note; /* SEGNOTE of the segment; NULL: the CTA holds the
 			 * whole segment (seg_whole) and rotates back itself */
 	uint32_t x;     /* this CTA's slot */
-	uint32_t rel;   /* L.rel: counted done too (seg_done) */
 };
 
 /*
@@ -3346,13 +3290,9 @@ static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const
 		}
 	}
 	if (N) {
-		if (N->rel)
-			__syncthreads(); /* every thread's partial stored (seg_done) */
 		if (threadIdx.x == 0) {
 			atomicAdd(&N->note[0], 1u);
 			atomicMax(&N->note[1], ~N->x);
-			if (N->rel)
-				seg_done(N->note);
 		}
 		return;
 	}
@@ -3439,24 +3379,15 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 										: 96u * threadIdx.x)));
 			n = window_take(WSP(float, L, scores, ws, hi), e.y, e.z, kstar, tmax, part,
 					L.pl, L.pb, wlist, &lo);
-			if (n == 0) {
+			if (n == 0 && threadIdx.x == 0) {
 				/* an empty window (or part) still counts in its segment's
 				 * note: k_segrot combines slots xa .. xa + n - 1,
 				 * which holds only while a segment's counted slots
 				 * are consecutive (with a hole the last window's
 				 * partial was left rotated and merged as is) */
-				mark_empty(pml, NQ);
 				uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, *si);
-				const bool rel = L.rel && !seg_whole(**sgp, false, L.cwl);
-				if (rel)
-					__syncthreads(); /* the empty mark stored */
-				if (threadIdx.x == 0) {
-					atomicAdd(&note[0], 1u);
-					atomicMax(&note[1], ~x);
-					if (rel)
-						seg_done(note);
-				}
-				return false;
+				atomicAdd(&note[0], 1u);
+				atomicMax(&note[1], ~x);
 			}
 		}
 		if (n == 0) {
@@ -5064,17 +4995,7 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 	k_attn_packed_tc(const struct gpu_head *heads, const float *q, float scale2, char *ws,
 			 struct ws_layout L, uint32_t flags)
 {
-	/* With L.rel k_segrot may start only once every CTA here is past its
-	 * wait (so the whole chain before, k_qrot's clear of the notes among
-	 * it, is done and seen): it reads a note's count without a wait of
-	 * its own.  Triggered first, a CTA would let it start as soon as the
-	 * last CTA of this grid had started, possibly before that clear. */
-	if (L.rel) {
-		pdl_wait();
-		pdl_trigger();
-	} else {
-		pdl_begin();
-	}
+	pdl_begin();
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
 	uint32_t hi = blockIdx.y, x = blockIdx.x;
@@ -5084,10 +5005,7 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
 	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
 	if (idle) {
-		/* with L.rel the select has marked it (lpt_rank), and a mark
-		 * stored now could land on what k_segrot has combined there */
-		if (!L.rel)
-			mark_empty(pml, NQ);
+		mark_empty(pml, NQ);
 		return;
 	}
 	const float *qh = q + (size_t)hi * NQ * D;
@@ -5106,7 +5024,7 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 	const struct seg_note J = {seg_whole(sg, si == H->nseg, L.cwl)
 					   ? (uint32_t *)NULL
 					   : SEGNOTE(ws, L, gridDim.y, hi, si),
-				   x, L.rel};
+				   x};
 	/* R_v into L2 for this CTA's own rotation, a line a thread (a line a
 	 * lane of every warp was 4x the prefetches: 2.6 % of the stall
 	 * samples at 1M).  Not where k_segrot rotates: there every CTA of the
@@ -5126,13 +5044,6 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 			if (threadIdx.x < NQ) { /* a slot the merge takes (l > 0) */
 				pml[2 * threadIdx.x] = 0.0f;
 				pml[2 * threadIdx.x + 1] = 1.0f;
-			}
-			/* not in the note's chunks (k_segrot leaves the slot as it
-			 * is), but done */
-			if (J.note && J.rel) {
-				__syncthreads();
-				if (threadIdx.x == 0)
-					seg_done(J.note);
 			}
 		} else if (st_g2(sg)) {
 			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB, false, 2>(
@@ -5202,54 +5113,7 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
  * blockIdx.y, left in rotated space by k_attn_packed_tc: their states
  * combined into the lowest slot, rotated back once, the other slots
  * emptied (l = 0) for k_merge.  Grid (max_segs + 1, n_heads).
- *
- * With L.rel a CTA waits for its segment's slots only (seg_wait), not for
- * the whole attention kernel: it is launched once every attention CTA is
- * past its own wait (programmatic launch), and rotates while the attention
- * kernel's last CTAs still run, where it came after them (the step's chain:
- * attention, then k_segrot's loads, combination and rotation, then
- * k_merge).  It still waits for the attention kernel before it exits, so
- * that k_merge, which waits for this grid, sees every partial.
  */
-/* How long k_segrot waits on a segment's count before it waits for the
- * attention kernel instead.  Not a correctness bound (that wait makes
- * every partial final either way): a count that never comes would be a
- * bug, which the note's [3] shows (the tests check it), and this keeps it
- * from hanging the GPU.  Every attention CTA has started when k_segrot
- * starts and one lasts well under 1 ms; 20 ms leave room for
- * compute-sanitizer's slower kernels. */
-#define SEGROT_SPIN_NS 20000000u
-
-/* Thread 0 acquires note[2] at @want, or gives up after SEGROT_SPIN_NS
- * and waits for the attention kernel; then the CTA's barrier.  The count
- * was cleared by this step's k_qrot, which is done and seen by the time
- * k_segrot starts (k_attn_packed_tc triggers it after its own wait); it
- * is set back to 0 here all the same, so that a step leaves it at 0. */
-__device__ __forceinline__ void seg_wait(uint32_t *note, uint32_t want)
-{
-	__shared__ uint32_t late;
-	if (threadIdx.x == 0) {
-		const uint64_t t0 = global_ns();
-		uint32_t lt = 0;
-		while (ld_acquire(&note[2]) < want) {
-			if (global_ns() - t0 > SEGROT_SPIN_NS) {
-				lt = 1;
-				break;
-			}
-			__nanosleep(200);
-		}
-		late = lt;
-	}
-	__syncthreads();
-	const bool lt = late;
-	if (lt)
-		pdl_wait();
-	if (threadIdx.x == 0) {
-		if (lt)
-			note[3] = 1u;
-		note[2] = 0u;
-	}
-}
 /* chunks of a segment k_segrot loads at once (a batch); vdk <= D <= 128 =
  * the CTA's threads.  Six CTAs per SM (37 KB of shared memory each) at <=
  * 80 registers: 3 × NQ × SR_U values of a batch in registers, at most
@@ -5270,38 +5134,16 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 	const struct gpu_head *H = &heads[hi];
 	uint32_t nseg = H->nseg;
 	const struct gpu_seg *sgp = si < nseg ? &H->segs[si] : si == nseg ? H->buf : NULL;
-	if (sgp && seg_whole(*sgp, si == nseg, L.cwl)) {
-		/* its attention CTA rotated it back; the wait keeps this grid
-		 * from ending before the attention kernel, where every CTA
-		 * would end here */
-		pdl_wait();
-		return;
-	}
+	if (sgp && seg_whole(*sgp, si == nseg, L.cwl))
+		return; /* its attention CTA rotated it back */
 	uint32_t vdk = sgp ? sgp->v_dk : 0;
 	if (sgp)
 		cta_copy_async(rv, sgp->v_rot, vdk * D * 2);
-	uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
-	const bool rel = L.rel && sgp; /* CTA-uniform */
-	if (rel) {
-		/* the slots that count in note[2]: each window's parts, or the
-		 * buffer's chunks that hold blocks (packed_cta_work) */
-		const uint32_t cw = 1u << L.cwl;
-		uint32_t want;
-		if (si < nseg) {
-			want = ((sgp->n_blocks + cw - 1) >> L.cwl) << L.pl;
-		} else {
-			const uint32_t nbb = (sgp->n + sgp->b - 1) / sgp->b;
-			want = min((nbb + cw - 1) >> L.cwl, L.buf_chunks);
-		}
-		seg_wait(note, want);
-	} else {
-		pdl_wait();
-	}
+	pdl_wait();
+	const uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
 	uint32_t n = __ldcg(&note[0]), xa = ~__ldcg(&note[1]);
 	if (n == 0 || !sgp) {
 		cta_copy_wait();
-		if (rel)
-			pdl_wait();
 		return;
 	}
 	float *po0 = WSP(float, L, part_o, ws, hi), *pml0 = WSP(float, L, part_ml, ws, hi);
@@ -5333,9 +5175,9 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 #pragma unroll
 				for (int u = 0; u < U; u++) {
 					bool ok = x0 + u < n;
-					ml[h][u] = ok ? __ldcg(&ml0[(x0 + u) * NQ + h])
+					ml[h][u] = ok ? ml0[(x0 + u) * NQ + h]
 						      : make_float2(-INFINITY, 0.0f);
-					pv[h][u] = ok ? __ldcg(&po0[((size_t)(xa + x0 + u) * NQ + h) * D + c])
+					pv[h][u] = ok ? po0[((size_t)(xa + x0 + u) * NQ + h) * D + c]
 						      : 0.0f;
 				}
 #pragma unroll
@@ -5380,8 +5222,6 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 		pml0[((size_t)xa * NQ + h) * 2 + 1] = lh[h];
 	}
 	rotate_back<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
-	if (rel)
-		pdl_wait(); /* not before the attention kernel ends: k_merge */
 }
 
 /* ------------------------------------------------------------------ */
@@ -6308,33 +6148,12 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	return 0;
 }
 
-/* Whether the PackedAttention step runs k_segrot: not where every
- * segment fits one chunk (seg_whole: nothing left for it), nor on CUDA
- * cores (k_attn_packed rotates back itself). */
-static bool segrot_of(const struct gpu_attn_args *a, const struct ws_layout &L)
-{
-	const uint32_t cw = 1u << L.cwl;
-	return !(a->flags & GPU_ATTN_CUDA_CORES) &&
-	       !(a->max_seg_blocks && a->max_seg_blocks <= cw && a->max_buf_blocks <= cw);
-}
-
-/* L.rel: k_segrot by segment (seg_wait), unless GPU_ATTN_SEGROT_WAIT.  It
- * needs the programmatic launch (else k_segrot starts after the attention
- * kernel anyway) and the cut-only windows (a segment's slots known
- * without the lists). */
-static uint32_t rel_of(const struct gpu_attn_args *a, const struct ws_layout &L)
-{
-	return segrot_of(a, L) && L.cut_only && pdl_of(a) && !(a->flags & GPU_ATTN_SEGROT_WAIT);
-}
-
 template <int NQ, int D>
 static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *heads,
 			 cudaStream_t s)
 {
 	struct ws_layout L = ws_plan(a, WS_PACKED);
 	L.cut_only = cut_only_of(a);
-	const bool segrot = segrot_of(a, L);
-	L.rel = rel_of(a, L);
 	int rc = launch_score_select<NQ>(a, heads, L, s);
 	if (rc)
 		return rc;
@@ -6365,7 +6184,9 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 			return rc;
 		GPU_CK(gpu_launch(pdl_of(a), attn, dim3(L.slots, a->n_heads), 128, smem, s, heads,
 				  a->q, scale2_of(a), (char *)a->ws, L, a->flags));
-		if (segrot)
+		/* every segment in one chunk (seg_whole): nothing left for k_segrot */
+		const uint32_t cw = 1u << L.cwl;
+		if (!(a->max_seg_blocks && a->max_seg_blocks <= cw && a->max_buf_blocks <= cw))
 			GPU_CK(gpu_launch(pdl_of(a), k_segrot<NQ, D>,
 					  dim3(a->max_segs + 1, a->n_heads), 128, 0, s, heads,
 					  (char *)a->ws, L));
@@ -6502,13 +6323,8 @@ static int launch_ss(const struct gpu_attn_args *a, const struct gpu_head *heads
 		     int upto)
 {
 	struct ws_layout L = ws_plan(a, WS_PACKED);
-	if (a->flags & GPU_ATTN_STAGE_CUT) {
+	if (a->flags & GPU_ATTN_STAGE_CUT)
 		L.cut_only = cut_only_of(a);
-		/* the select's share of k_segrot by segment (lpt_rank's marks
-		 * and counts), as in the step; the counts it leaves in the
-		 * notes are cleared by the next step's k_qrot */
-		L.rel = rel_of(a, L);
-	}
 	return launch_score_select<NQ>(a, heads, L, s, upto);
 }
 
@@ -6566,12 +6382,6 @@ int gpu_quest_bounds(const uint16_t *k, uint64_t n, uint32_t d, uint32_t qb, uin
 	k_quest_bounds<<<(unsigned)((tot + 255) / 256), 256, 0, s>>>(k, n, d, qb, mn, mx);
 	GPU_CKL();
 	return 0;
-}
-
-uint32_t *gpu_ws_segnotes(const struct gpu_attn_args *a, uint32_t head)
-{
-	struct ws_layout L = ws_plan(a, WS_PACKED);
-	return SEGNOTE(a->ws, L, a->n_heads, head, 0);
 }
 
 uint32_t *gpu_ws_hist(const struct gpu_attn_args *a, uint32_t head)

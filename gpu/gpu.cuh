@@ -305,12 +305,6 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * end (attn.cu hist_add_ht); kept to compare.  The histograms, and so
  * the selection, are the same either way. */
 #define GPU_ATTN_FINE_GLOBAL 268435456u
-/* k_segrot (the rotation back of segments longer than a chunk) waits for
- * the whole attention kernel, as before the forty-first session, instead
- * of taking each segment once its attention CTAs are done (where the
- * select leaves only the cut and the kernels are chained by programmatic
- * launch: the default).  The output is the same bits; kept to compare. */
-#define GPU_ATTN_SEGROT_WAIT 536870912u
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads
@@ -388,15 +382,6 @@ GPU_HIDDEN uint32_t *gpu_ws_cut(const struct gpu_attn_args *a, uint32_t head);
 #define GPU_HIST_COARSE 2048u
 #define GPU_HIST_FINE 65536u
 GPU_HIDDEN uint32_t *gpu_ws_hist(const struct gpu_attn_args *a, uint32_t head);
-/* After a PackedAttention step: context @head's segment notes,
- * GPU_SEGNOTE_WORDS words for each of max_segs + 1 (the last: the update
- * buffer): [0] the slots counted for k_segrot, [1] ~(the first one),
- * [2] 0 once k_segrot took the segment (the count it waited on, set back),
- * [3] 1 where k_segrot waited for the whole attention kernel because that
- * count did not come (never, unless the count is wrong; see
- * GPU_ATTN_SEGROT_WAIT).  Device pointer. */
-#define GPU_SEGNOTE_WORDS 4u
-GPU_HIDDEN uint32_t *gpu_ws_segnotes(const struct gpu_attn_args *a, uint32_t head);
 /* After a step that ordered its attention CTAs (GPU_ATTN_SLOT_ORDER
  * unset, the many-CTA select leaving the cut): the order, *@slots words
  * for context @head, the slot index of each rank (@quest: Quest's step's

@@ -85,29 +85,6 @@ static void run_fetch(struct run *r)
 			 cudaMemcpyDeviceToHost));
 }
 
-/* After a step: every segment note left as k_segrot leaves it where it
- * waits on each segment alone (the default with the programmatic launch
- * and the cut-only select): its count taken and set back to 0, and never
- * a wait for the whole attention kernel instead (which would mean a
- * count that did not come: a slot counted nowhere or twice).  Where
- * k_segrot waits for the attention kernel the two words stay 0 as well. */
-static void check_notes(struct run *r, uint64_t seed)
-{
-	size_t n = (size_t)(r->a.max_segs + 1) * GPU_SEGNOTE_WORDS;
-	uint32_t *nt = malloc(4 * n);
-	for (uint32_t h = 0; h < r->H; h++) {
-		GU_CK(cudaMemcpy(nt, gpu_ws_segnotes(&r->a, h), 4 * n, cudaMemcpyDeviceToHost));
-		for (uint32_t si = 0; si <= r->a.max_segs; si++) {
-			const uint32_t *w = nt + (size_t)si * GPU_SEGNOTE_WORDS;
-			cr_assert(w[2] == 0 && w[3] == 0,
-				  "seed %llu flags %#x head %u segment %u: note count %u, waited "
-				  "for the attention kernel %u", (unsigned long long)seed,
-				  r->a.flags, h, si, w[2], w[3]);
-		}
-	}
-	free(nt);
-}
-
 static void run_free(struct run *r)
 {
 	free(r->q);
@@ -248,7 +225,6 @@ static void check_packed_rq(uint32_t d, uint32_t nq, uint32_t g, uint32_t drop, 
 	int rc = gpu_attend_packed(&r.a, r.dheads, 0);
 	cr_assert_eq(rc, 0, "gpu_attend_packed: %d", rc);
 	run_fetch(&r);
-	check_notes(&r, seed);
 	struct mkv_attn_opts ao;
 	attn_opts(&ao, d, nq, frac);
 	uint32_t ties = 0;
@@ -1007,12 +983,10 @@ static void same_bits(struct run *r, uint64_t seed, uint32_t fa, uint32_t fb, co
 	r->a.flags = fa;
 	cr_assert_eq(gpu_attend_packed(&r->a, r->dheads, 0), 0);
 	run_fetch(r);
-	check_notes(r, seed);
 	memcpy(first, r->out, n * sizeof(float));
 	r->a.flags = fb;
 	cr_assert_eq(gpu_attend_packed(&r->a, r->dheads, 0), 0);
 	run_fetch(r);
-	check_notes(r, seed);
 	cr_assert(memcmp(first, r->out, n * sizeof(float)) == 0,
 		  "seed %llu flags %#x and %#x: %s differ", (unsigned long long)seed, fa, fb, what);
 	free(first);
@@ -1218,40 +1192,6 @@ Test(gpu, packed_lpt_order_serial_tail, .timeout = 120)
 
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
  * every head, and nothing out of bounds (compute-sanitizer memcheck). */
-/* k_segrot taking each segment once its slots are done gives the same
- * bits as k_segrot after the whole attention kernel (GPU_ATTN_SEGROT_WAIT),
- * and never falls back to that wait (check_notes, in same_bits): over
- * multi-chunk segments and the update buffer, in both layouts, one or
- * many CTAs' select, the CTAs ordered with idle slots (whose empty marks
- * the select then stores), windows of one, two or four slots, and chunks
- * of 64 to 512 blocks; twice in a row on one scratch. */
-Test(gpu, packed_segrot_by_segment, .timeout = 120)
-{
-	GU_NEED_GPU();
-	uint64_t seed = gu_seed();
-	struct gu_ctx c[MAXH];
-	struct run r;
-	long_run(c, &r, seed, 0.3, 0);
-	const uint32_t many = GPU_ATTN_SELECT_MANY_CTAS;
-	const uint32_t fl[] = {0,
-			       GPU_ATTN_SMALL_ROWS,
-			       many,
-			       many | GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_2,
-			       many | GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_4,
-			       many | GPU_ATTN_CHUNK_64 | GPU_ATTN_PARTS_1,
-			       many | GPU_ATTN_CHUNK_512 | GPU_ATTN_PARTS_2,
-			       many | GPU_ATTN_CHUNK_256 | GPU_ATTN_NO_IDLE,
-			       GPU_ATTN_CHUNK_128 | GPU_ATTN_PARTS_4};
-	for (size_t v = 0; v < sizeof fl / sizeof fl[0]; v++) {
-		same_bits(&r, seed, fl[v] | GPU_ATTN_SEGROT_WAIT, fl[v],
-			  "k_segrot by segment and after the attention kernel");
-		same_bits(&r, seed, fl[v], fl[v], "two steps by segment");
-	}
-	run_free(&r);
-	for (uint32_t h = 0; h < LONG_H; h++)
-		gu_ctx_free(&c[h]);
-}
-
 Test(gpu, packed_small_rows_broken_promise)
 {
 	GU_NEED_GPU();
@@ -1270,7 +1210,6 @@ Test(gpu, packed_small_rows_broken_promise)
 	upload_heads(&r, c);
 	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
 	run_fetch(&r);
-	check_notes(&r, seed); /* the NaN slots count as done */
 	for (size_t i = 0; i < (size_t)H * nq * d; i++)
 		cr_assert(isnan(r.out[i]), "seed %llu: out[%zu] = %g, not NaN",
 			  (unsigned long long)seed, i, r.out[i]);
