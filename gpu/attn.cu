@@ -5134,8 +5134,16 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 	const struct gpu_head *H = &heads[hi];
 	uint32_t nseg = H->nseg;
 	const struct gpu_seg *sgp = si < nseg ? &H->segs[si] : si == nseg ? H->buf : NULL;
-	if (sgp && seg_whole(*sgp, si == nseg, L.cwl))
-		return; /* its attention CTA rotated it back */
+	if (sgp && seg_whole(*sgp, si == nseg, L.cwl)) {
+		/* its attention CTA rotated it back.  The wait all the same:
+		 * k_merge waits for this grid only, and where every segment and
+		 * the buffer are whole every CTA would end here, without having
+		 * waited for the attention kernel (whether a grid can then end
+		 * before the grid it depends on is not documented; the wait
+		 * costs nothing where the attention kernel is the longer) */
+		pdl_wait();
+		return;
+	}
 	uint32_t vdk = sgp ? sgp->v_dk : 0;
 	if (sgp)
 		cta_copy_async(rv, sgp->v_rot, vdk * D * 2);
