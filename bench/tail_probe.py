@@ -15,21 +15,26 @@ files).
 k_segrot and k_merge records %globaltimer (ns) at its entry and once past
 its wait for the kernel before it, and lane 0 of each warp the latest
 %globaltimer at its return (a destructor on the kernel's scope: every
-return path).  launch_packed, after k_merge's launch, waits for the step,
+return path); k_segrot's thread 0 four more (words 3-6, above).  launch_packed, after k_merge's launch, waits for the step,
 copies the records to /tmp/tl_<n>.bin (16-byte header: slots, heads,
 max_segs + 1, flags; then for each of the three kernels 8,192 records of
-three u64 in blockIdx.y-major order) and clears them.  It edits
+eight u64 in blockIdx.y-major order: entry, past the wait, end, then
+k_segrot's inner stamps) and clears them.  It edits
 TREE/bench/attn.c so that --once runs `ours` once more first.
 
 `report` prints, per file, each kernel's CTAs (those that recorded an
 entry): first entry, first and last past the wait, 90th percentile and last
-end, in µs from the first attention CTA past its wait; then the chain after
+end, in µs from the first attention CTA past its wait; k_segrot's CTAs with a
+segment by their inner stamps (the note in, the first batch of states in,
+the fold done, R_v's copy waited and the barrier passed: medians of each
+step); then the chain after
 the attention kernel's last CTA: k_segrot's first CTA past its wait, its
 last end, k_merge's first past its wait and its last end.  Written in the
 forty-first session (gpu/NOTES.md): where the ~8 µs that k_segrot adds at
 1M tokens, batch 1, go.  The edits match gpu/attn.cu's text: if it moved,
 `patch` stops with the piece it could not find.
 """
+import statistics as st
 import struct
 import sys
 
@@ -38,7 +43,7 @@ KERNELS = ("attention", "k_segrot", "k_merge")
 
 HEAD = '#include "common.cuh"\n'
 PROBE = HEAD + '''#include <stdio.h>
-__device__ unsigned long long g_tl[3][8192][3];
+__device__ unsigned long long g_tl[3][8192][8];
 __device__ __forceinline__ unsigned long long tl_now(void)
 {
 	unsigned long long t;
@@ -86,6 +91,38 @@ SWAIT_P = '''	pdl_wait();
 	TL_STAMP(1);
 	const uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
 '''
+# inside k_segrot: the note in (the branch on it waited), the last of the
+# first batch's states in (thread 0, c = 0), the fold done, R_v's copy
+# waited and the barrier passed
+SNOTE = '''	if (n == 0 || !sgp) {
+		cta_copy_wait();
+		return;
+	}
+'''
+SNOTE_P = SNOTE + '''	TL_STAMP(3);
+'''
+SLOADS = '''				}
+#pragma unroll
+			for (int h = 0; h < NQ; h++) {
+				float mb = M[h];
+'''
+SLOADS_P = '''				}
+			if (c == 0 && !TLG.p[4]) {
+				asm volatile("" ::"f"(ml[NQ - 1][U - 1].y), "f"(pv[NQ - 1][U - 1]));
+				TLG.p[4] = tl_now();
+			}
+#pragma unroll
+			for (int h = 0; h < NQ; h++) {
+				float mb = M[h];
+'''
+SFOLD = '''	cta_copy_wait();
+	__syncthreads(); /* every slot read; R_v, orot, mh and lh complete */
+'''
+SFOLD_P = '''	TL_STAMP(5);
+	cta_copy_wait();
+	__syncthreads(); /* every slot read; R_v, orot, mh and lh complete */
+	TL_STAMP(6);
+'''
 MOPEN = '''	pdl_begin();
 	constexpr int NC = D / 4, G = MERGE_T / NC, NW = MERGE_T / 32;
 '''
@@ -107,7 +144,7 @@ DUMP = LAUNCH + '''	{
 		static int tln = 0;
 		if (tln < 4) {
 			GPU_CK(cudaStreamSynchronize(s));
-			static unsigned long long h[3][8192][3];
+			static unsigned long long h[3][8192][8];
 			GPU_CK(cudaMemcpyFromSymbol(h, g_tl, sizeof(h)));
 			char nm[64];
 			snprintf(nm, sizeof nm, "/tmp/tl_%d.bin", tln++);
@@ -116,7 +153,7 @@ DUMP = LAUNCH + '''	{
 			fwrite(hdr, 4, 4, f);
 			fwrite(h, sizeof(h), 1, f);
 			fclose(f);
-			static unsigned long long z[3][8192][3];
+			static unsigned long long z[3][8192][8];
 			GPU_CK(cudaMemcpyToSymbol(g_tl, z, sizeof(z)));
 		}
 	}
@@ -139,6 +176,9 @@ def patch(tree):
     s = sub(s, AOPEN, AOPEN_P, "k_attn_packed_tc's opening")
     s = sub(s, SOPEN, SOPEN_P, "k_segrot's opening")
     s = sub(s, SWAIT, SWAIT_P, "k_segrot's wait")
+    s = sub(s, SNOTE, SNOTE_P, "k_segrot's note")
+    s = sub(s, SLOADS, SLOADS_P, "k_segrot's states")
+    s = sub(s, SFOLD, SFOLD_P, "k_segrot's barrier")
     s = sub(s, MOPEN, MOPEN_P, "k_merge's opening")
     s = sub(s, LAUNCH, DUMP, "launch_packed's last launches")
     open(p, "w").write(s)
@@ -155,7 +195,7 @@ def load(path):
     for k in range(3):
         rk = []
         for i in range(NREC):
-            t = struct.unpack_from("<3Q", b, 16 + (k * NREC + i) * 24)
+            t = struct.unpack_from("<8Q", b, 16 + (k * NREC + i) * 64)
             if t[0]:
                 rk.append(t)
         recs.append(rk)
@@ -192,6 +232,15 @@ def summary(path):
         out.append(f"  {name:9s}: {f['n']:5d} CTAs, first entry {f['entry']:8.2f}, past the "
                    f"wait {f['wait0']:8.2f} .. {f['wait1']:8.2f}, end p90 {f['end90']:8.2f}, "
                    f"last {f['end']:8.2f} us")
+    # k_segrot's CTAs with a segment (every inner stamp): medians of the
+    # steps between them
+    full = [r for r in recs[1] if r[1] and all(r[3:7]) and r[2]]
+    if full:
+        med = lambda i, j: st.median((r[j] - r[i]) / 1000.0 for r in full)  # noqa: E731
+        fig["steps"] = [med(1, 3), med(3, 4), med(4, 5), med(5, 6), med(6, 2)]
+        out.append("  k_segrot, %d CTAs with a segment, medians: note %.2f, states %.2f, "
+                   "fold %.2f, R_v's copy and the barrier %.2f, rotation and stores %.2f us"
+                   % (len(full), *fig["steps"]))
     a = fig.get("attention")
     if a:
         chain = [f"attention's last end {a['end']:.2f}"]
