@@ -46,6 +46,8 @@ import statistics as st
 import struct
 import sys
 
+import probe_edit
+
 HEAD = '#include "common.cuh"\n'
 PROBE = HEAD + '''#include <stdio.h>
 __device__ unsigned long long g_tr[1 << 16][8];
@@ -147,27 +149,19 @@ BONCE = '''				}
 '''  # the end of --once 2's ours_g2, then ours
 
 
-def sub(text, old, new, what):
-    if text.count(old) != 1:
-        sys.exit(f"cta_probe: {what}: found {text.count(old)} times, not once")
-    return text.replace(old, new)
-
-
 def patch(tree):
-    p = f"{tree}/gpu/attn.cu"
-    s = open(p).read()
-    s = sub(s, HEAD, PROBE, "the include of common.cuh")
-    s = sub(s, KOPEN, KSTAMP, "k_attn_packed_tc's opening")
-    s = sub(s, KWORK, KWORK_P, "the end of packed_cta_work's call")
-    s = sub(s, KLOOP0, KLOOP0_P, "tc_cta_st's loop")
-    s = sub(s, KLOOP, KLOOP_P, "tc_cta_st's sub-block call")
-    s = sub(s, KEND, KEND_P, "tc_cta_st's reduction")
-    s = sub(s, LAUNCH, DUMP, "the attention kernel's launch")
-    open(p, "w").write(s)
-    p = f"{tree}/bench/attn.c"
-    s = open(p).read()
-    s = sub(s, BONCE, BONCE + "\t\t\t\tRC(f_packed(&a, dheads, st));\n", "bench --once")
-    open(p, "w").write(s)
+    probe_edit.edit(f"{tree}/gpu/attn.cu", "cta_probe", [
+        (HEAD, PROBE, "the include of common.cuh"),
+        (KOPEN, KSTAMP, "k_attn_packed_tc's opening"),
+        (KWORK, KWORK_P, "the end of packed_cta_work's call"),
+        (KLOOP0, KLOOP0_P, "tc_cta_st's loop"),
+        (KLOOP, KLOOP_P, "tc_cta_st's sub-block call"),
+        (KEND, KEND_P, "tc_cta_st's reduction"),
+        (LAUNCH, DUMP, "the attention kernel's launch"),
+    ])
+    probe_edit.edit(f"{tree}/bench/attn.c", "cta_probe", [
+        (BONCE, BONCE + "\t\t\t\tRC(f_packed(&a, dheads, st));\n", "bench --once"),
+    ])
 
 
 def fit(xs, ys):

@@ -7,16 +7,18 @@ files).
 
     bench/tail_probe.py patch TREE   # TREE: a copy of the repository
     (build TREE's bench/attn, run it with --once 1: the first four
-     PackedAttention steps of the process write /tmp/tl_<n>.bin; tl_0 is
-     the cold first step, tl_1 and tl_2 are `ours`, tl_3 ours_q6)
+     PackedAttention steps of the process write /tmp/tl_<n>.bin: tl_0
+     `ours` cold (the added first step), tl_1 `ours`, tl_2 ours_q6,
+     tl_3 ours_pos)
     bench/tail_probe.py report /tmp/tl_1.bin [...]
 
 `patch` edits TREE/gpu/attn.cu: thread 0 of every CTA of k_attn_packed_tc,
 k_segrot and k_merge records %globaltimer (ns) at its entry and once past
 its wait for the kernel before it, and lane 0 of each warp the latest
 %globaltimer at its return (a destructor on the kernel's scope: every
-return path); k_segrot's thread 0 four more (words 3-6, above).  launch_packed, after k_merge's launch, waits for the step,
-copies the records to /tmp/tl_<n>.bin (16-byte header: slots, heads,
+return path); k_segrot's thread 0 four more (words 3-6, below).
+launch_packed, after k_merge's launch, waits for the step, copies the
+records to /tmp/tl_<n>.bin (16-byte header: slots, heads,
 max_segs + 1, flags; then for each of the three kernels 8,192 records of
 eight u64 in blockIdx.y-major order: entry, past the wait, end, then
 k_segrot's inner stamps) and clears them.  It edits
@@ -37,6 +39,8 @@ forty-first session (gpu/NOTES.md): where the ~8 µs that k_segrot adds at
 import statistics as st
 import struct
 import sys
+
+import probe_edit
 
 NREC = 8192
 KERNELS = ("attention", "k_segrot", "k_merge")
@@ -163,29 +167,21 @@ BONCE = '''				RC(f_packed(&a, dheads, st));
 '''
 
 
-def sub(text, old, new, what):
-    if text.count(old) != 1:
-        sys.exit(f"tail_probe: {what}: found {text.count(old)} times, not once")
-    return text.replace(old, new)
-
-
 def patch(tree):
-    p = f"{tree}/gpu/attn.cu"
-    s = open(p).read()
-    s = sub(s, HEAD, PROBE, "the include of common.cuh")
-    s = sub(s, AOPEN, AOPEN_P, "k_attn_packed_tc's opening")
-    s = sub(s, SOPEN, SOPEN_P, "k_segrot's opening")
-    s = sub(s, SWAIT, SWAIT_P, "k_segrot's wait")
-    s = sub(s, SNOTE, SNOTE_P, "k_segrot's note")
-    s = sub(s, SLOADS, SLOADS_P, "k_segrot's states")
-    s = sub(s, SFOLD, SFOLD_P, "k_segrot's barrier")
-    s = sub(s, MOPEN, MOPEN_P, "k_merge's opening")
-    s = sub(s, LAUNCH, DUMP, "launch_packed's last launches")
-    open(p, "w").write(s)
-    p = f"{tree}/bench/attn.c"
-    s = open(p).read()
-    s = sub(s, BONCE, "\t\t\t\tRC(f_packed(&a, dheads, st));\n" + BONCE, "bench --once")
-    open(p, "w").write(s)
+    probe_edit.edit(f"{tree}/gpu/attn.cu", "tail_probe", [
+        (HEAD, PROBE, "the include of common.cuh"),
+        (AOPEN, AOPEN_P, "k_attn_packed_tc's opening"),
+        (SOPEN, SOPEN_P, "k_segrot's opening"),
+        (SWAIT, SWAIT_P, "k_segrot's wait"),
+        (SNOTE, SNOTE_P, "k_segrot's note"),
+        (SLOADS, SLOADS_P, "k_segrot's states"),
+        (SFOLD, SFOLD_P, "k_segrot's barrier"),
+        (MOPEN, MOPEN_P, "k_merge's opening"),
+        (LAUNCH, DUMP, "launch_packed's last launches"),
+    ])
+    probe_edit.edit(f"{tree}/bench/attn.c", "tail_probe", [
+        (BONCE, "\t\t\t\tRC(f_packed(&a, dheads, st));\n" + BONCE, "bench --once"),
+    ])
 
 
 def load(path):
