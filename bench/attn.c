@@ -1068,10 +1068,8 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_pscm);
 			cudaGraphExec_t g_ppre = capture(f_packed_pre, &a, dheads);
 			cudaGraphExec_t g_pspre = capture(f_packed_ss_pre, &a, dheads);
-			cudaGraphExec_t g_psts = capture(f_packed_sts, &a, dheads);
 			double t_ppre = time_graph(g_ppre, 1), t_pspre = time_graph(g_pspre, 1);
-			double t_psts = time_graph(g_psts, 1);
-			cudaGraphExecDestroy(g_psts);
+			double t_psts = time_step(f_packed_sts, &a, dheads);
 			double t_pmny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExec_t g_pmso = capture(f_packed_many_so, &a, dheads);
 			cudaGraphExec_t g_pmni = capture(f_packed_many_ni, &a, dheads);
@@ -1135,10 +1133,8 @@ int main(int argc, char **argv)
 			make_heads(&s, H, L, dsegs, dheads, ddense, 4);
 			cudaGraphExec_t g_p8 = capture(f_packed, &a, dheads);
 			cudaGraphExec_t g_ps8 = capture(f_packed_ss, &a, dheads);
-			cudaGraphExec_t g_ps8c = capture(f_packed_sc, &a, dheads);
 			double t_p8 = time_graph(g_p8, 1), t_ps8 = time_graph(g_ps8, 1);
-			double t_ps8c = time_graph(g_ps8c, 1);
-			cudaGraphExecDestroy(g_ps8c);
+			double t_ps8c = time_step(f_packed_sc, &a, dheads);
 			double t_ps8fg = time_step(f_packed_ss_fg, &a, dheads);
 			double t8_1 = NAN, t8_2 = NAN;
 			if (split) {
@@ -1178,11 +1174,9 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_pg28cm = capture(f_packed_cm, &a, dheads);
 			double t_pg28 = time_graph(g_pg28, 1), t_pg285 = time_graph(g_pg285, 1);
 			cudaGraphExec_t g_pg28pre = capture(f_packed_pre, &a, dheads);
-			cudaGraphExec_t g_pg28sts = capture(f_packed_sts, &a, dheads);
 			double t_pg28cm = time_graph(g_pg28cm, 1), t_pg28pre = time_graph(g_pg28pre, 1);
-			double t_pg28sts = time_graph(g_pg28sts, 1);
+			double t_pg28sts = time_step(f_packed_sts, &a, dheads);
 			double t_pg28fg = time_step(f_packed_fg, &a, dheads);
-			cudaGraphExecDestroy(g_pg28sts);
 			double t_pg28mny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExecDestroy(g_pg28cm);
 			cudaGraphExecDestroy(g_pg28pre);
