@@ -19,10 +19,13 @@ VARIANT:
 nofine, nomatch and nomatch2 edit hist_add, the form that runs with
 GPU_ATTN_FINE_GLOBAL (--score-only's "fine global" figures) since the
 fortieth session; nohist and nostore edit both forms.
-Each prints nothing; it exits non-zero when the text it edits is gone.
+Each prints nothing; it exits non-zero, naming the edit, where the text it
+edits is gone or found more than once (bench/probe_edit.py).
 Used in the thirty-ninth session (gpu/NOTES.md).
 """
 import sys
+
+import probe_edit
 
 
 FINE = '\tsum = bin_sum(lb, wv, uni, valid, &lead);\n\tif (lead)\n\t\tatomicAdd(&g_lo[lb], sum);\n'
@@ -32,8 +35,6 @@ COARSE = '\tuint32_t sum = bin_sum(hb, wv, uni, valid, &lead);\n\tif (lead)\n\t\
 
 
 def patch(tree, variant):
-    p = tree + "/gpu/attn.cu"
-    s = open(p).read()
     edits = {
         "nofine": [("\t\tatomicAdd(&g_lo[lb], sum);\n", "\t\t(void)sum;\n")],
         "nohist": [(ADDS, "\t\tif (valid && sc == 12345.0f && w == 77u)\n"
@@ -50,11 +51,9 @@ def patch(tree, variant):
                      (COARSE, "\tif (valid)\n\t\tatomicAdd(&sh_hi[hb], wv);\n"
                       "\t(void)uni;\n\t(void)lead;\n")],
     }[variant]
-    for old, new in edits:
-        if old not in s:
-            sys.exit("score_probe: %s: text not found in %s" % (variant, p))
-        s = s.replace(old, new)
-    open(p, "w").write(s)
+    probe_edit.edit(tree + "/gpu/attn.cu", "score_probe",
+                    [(old, new, "%s's edit %d" % (variant, i + 1))
+                     for i, (old, new) in enumerate(edits)])
 
 
 if __name__ == "__main__":
