@@ -96,8 +96,8 @@ SWAIT_P = '''	pdl_wait();
 	const uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
 '''
 # inside k_segrot: the note in (the branch on it waited), the last of the
-# first batch's states in (thread 0, c = 0), the fold done, R_v's copy
-# waited and the barrier passed
+# first batch's states in (thread 0: its first head and channels), the
+# fold done, R_v's copy waited and the barrier passed
 SNOTE = '''	if (n == 0 || !sgp) {
 		cta_copy_wait();
 		return;
@@ -105,19 +105,17 @@ SNOTE = '''	if (n == 0 || !sgp) {
 '''
 SNOTE_P = SNOTE + '''	TL_STAMP(3);
 '''
-SLOADS = '''				}
-#pragma unroll
-			for (int h = 0; h < NQ; h++) {
-				float mb = M[h];
+SLOADS = '''					   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			}
+			float mb = M;
 '''
-SLOADS_P = '''				}
-			if (c == 0 && !TLG.p[4]) {
-				asm volatile("" ::"f"(ml[NQ - 1][U - 1].y), "f"(pv[NQ - 1][U - 1]));
+SLOADS_P = '''					   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			}
+			if (it == 0 && !TLG.p[4]) {
+				asm volatile("" ::"f"(ml[U - 1].y), "f"(pv[U - 1].w));
 				TLG.p[4] = tl_now();
 			}
-#pragma unroll
-			for (int h = 0; h < NQ; h++) {
-				float mb = M[h];
+			float mb = M;
 '''
 SFOLD = '''	cta_copy_wait();
 	__syncthreads(); /* every slot read; R_v, orot, mh and lh complete */

@@ -3194,6 +3194,124 @@ static __device__ __forceinline__ void rotate_back(const uint16_t *rv, const flo
 	}
 }
 
+/* R_v (@vdk rows of D bf16) as cta_copy_async, each row's 16-byte chunk q
+ * stored at q ^ (row & 7): the eight rows an ldmatrix reads then fall in
+ * eight different bank groups (unswizzled, rows 2D bytes apart share
+ * theirs: eight ways of conflict, more shared-memory wavefronts than the
+ * scalar rotation's loads).  rotate_back_tc reads this layout only. */
+template <int D>
+__device__ __forceinline__ void cta_copy_rv_swz(uint16_t *dst, const uint16_t *src, uint32_t vdk)
+{
+	constexpr uint32_t QN = D / 8, QS = D == 128 ? 4 : 3; /* chunks a row, log2 */
+	static_assert(D == 64 || D == 128, "R_v rows of 8 or 16 chunks");
+	const uint32_t base = (uint32_t)__cvta_generic_to_shared(dst);
+	for (uint32_t o = threadIdx.x; o < vdk * QN; o += blockDim.x) {
+		const uint32_t c = o >> QS, q = o & (QN - 1);
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+				     base + 16 * (c * QN + (q ^ (c & 7)))),
+			     "l"(src + 8 * (size_t)o));
+	}
+	asm volatile("cp.async.commit_group;");
+}
+
+/*
+ * rotate_back on the tensor cores, R_v in shared memory as cta_copy_rv_swz
+ * left it, 128 threads: po[h][j] = Σ_c o'[c][h] R_v[c][j] as m16n8k16
+ * products with M the output channels j (A = R_vᵀ by ldmatrix.trans of
+ * its rows), K the rotated channels c, N four heads × (hi, lo): each o'
+ * split into its bf16 rounding and the remainder (16 bits of mantissa, as
+ * the attention's P), the two columns summed by one shuffle at the end.
+ * The scalar loop is a dependent chain of vdk shared loads and FMAs a
+ * thread: 2.9 of the ~5.3 µs a k_segrot CTA spent past its wait at 1M
+ * tokens, 1.8 at 256K; this takes 1.8 and 1.3 (H200, bench/tail_probe.py,
+ * forty-second session: still more than its instructions explain).
+ * Rows c >= vdk (garbage in R_v's buffer and in @orot) enter as zeros.
+ */
+template <int NQ, int D>
+static __device__ __forceinline__ void rotate_back_tc(const uint16_t *rv, const float *orot,
+						      uint32_t vdk, float *po)
+{
+	constexpr int NU = (NQ + 3) / 4, MW = D / 64; /* n-tiles; m-tiles a warp */
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	const int g = lane >> 2, tig = lane & 3;
+	const bool lo = g >= 4; /* this lane's B column: head 4u + (g & 3), hi or lo */
+	const uint32_t ks = (vdk + 15) >> 4;
+	/* ldmatrix.trans: lanes 8i .. 8i + 7 give matrix i's rows, i = (rows
+	 * +8: bit 1, channels +8: bit 0); the chunk swizzled by row & 7 */
+	const uint32_t rrow = (uint32_t)__cvta_generic_to_shared(rv) +
+			      (((lane >> 4) & 1) * 8 + (lane & 7)) * D * 2;
+	uint32_t rch[MW];
+#pragma unroll
+	for (int i = 0; i < MW; i++)
+		rch[i] = 16 * ((2 * (w + 4 * i) + ((lane >> 3) & 1)) ^ (lane & 7));
+	float acc[MW][NU][4];
+#pragma unroll
+	for (int i = 0; i < MW; i++)
+#pragma unroll
+		for (int u = 0; u < NU; u++)
+			acc[i][u][0] = acc[i][u][1] = acc[i][u][2] = acc[i][u][3] = 0.0f;
+	for (uint32_t k = 0; k < ks; k++) {
+		const uint32_t c0 = 16 * k, ca = c0 + 2 * tig, cb = ca + 8;
+		uint32_t b[NU][2];
+#pragma unroll
+		for (int u = 0; u < NU; u++) {
+			const int h = 4 * u + (g & 3);
+			const bool hv = h < NQ;
+			const float x0 = hv && ca < vdk ? orot[ca * 8 + h] : 0.0f;
+			const float x1 = hv && ca + 1 < vdk ? orot[(ca + 1) * 8 + h] : 0.0f;
+			const float x2 = hv && cb < vdk ? orot[cb * 8 + h] : 0.0f;
+			const float x3 = hv && cb + 1 < vdk ? orot[(cb + 1) * 8 + h] : 0.0f;
+			const uint32_t h0 = dn_bf2(x0, x1), h1 = dn_bf2(x2, x3);
+			b[u][0] = lo ? dn_bf2(x0 - __uint_as_float(h0 << 16),
+					      x1 - __uint_as_float(h0 & 0xffff0000u))
+				     : h0;
+			b[u][1] = lo ? dn_bf2(x2 - __uint_as_float(h1 << 16),
+					      x3 - __uint_as_float(h1 & 0xffff0000u))
+				     : h1;
+		}
+		/* A's rows past vdk: zero their halves (the buffer may hold NaN) */
+		const uint32_t ma = ca + 1 < vdk ? ~0u : ca < vdk ? 0xffffu : 0u;
+		const uint32_t mb = cb + 1 < vdk ? ~0u : cb < vdk ? 0xffffu : 0u;
+#pragma unroll
+		for (int i = 0; i < MW; i++) {
+			uint32_t a0, a1, a2, a3;
+			asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+				     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+				     : "r"(rrow + c0 * D * 2 + rch[i])
+				     : "memory");
+			a0 &= ma;
+			a1 &= ma;
+			a2 &= mb;
+			a3 &= mb;
+#pragma unroll
+			for (int u = 0; u < NU; u++)
+				mma_bf16(acc[i][u], a0, a1, a2, a3, b[u][0], b[u][1]);
+		}
+	}
+	/* columns 2tig, 2tig + 1: hi of heads 4u + 2tig (+1) where tig < 2,
+	 * their remainders in lanes tig + 2 */
+#pragma unroll
+	for (int i = 0; i < MW; i++) {
+		const uint32_t j = 16 * (w + 4 * i) + g;
+#pragma unroll
+		for (int u = 0; u < NU; u++) {
+			float v[4];
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				v[e] = acc[i][u][e] + __shfl_xor_sync(0xffffffffu, acc[i][u][e], 2);
+			const int h = 4 * u + 2 * tig;
+			if (tig < 2 && h < NQ) {
+				po[h * D + j] = v[0];
+				po[h * D + j + 8] = v[2];
+			}
+			if (tig < 2 && h + 1 < NQ) {
+				po[(h + 1) * D + j] = v[1];
+				po[(h + 1) * D + j + 8] = v[3];
+			}
+		}
+	}
+}
+
 /*
  * A chunk's state stays in rotated space (v_dk channels) when the CTA has
  * a note: k_segrot combines the chunks of each segment and rotates back
@@ -3247,7 +3365,7 @@ static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const
 	 * the warps' states merge (a load-then-store loop waited one L2 round
 	 * trip per 16 bytes: ncu, 8 % of the staged kernel's stall samples) */
 	if (load_rv && !N)
-		cta_copy_async(rv, sg.v_rot, vdk * D * 2);
+		cta_copy_rv_swz<D>(rv, sg.v_rot, vdk);
 	/* the warps' weights, a thread per (head, warp), then a head at a
 	 * time without a division by vdk (every thread computing all of them
 	 * was 3.4 % of the staged kernel's instructions at 1M tokens) */
@@ -3298,7 +3416,10 @@ static __device__ __forceinline__ void tc_finish(const struct gpu_seg &sg, const
 	}
 	cta_copy_wait();
 	__syncthreads();
-	rotate_back<NQ, D>(rv, orot, vdk, po);
+	if (load_rv)
+		rotate_back_tc<NQ, D>(rv, orot, vdk, po);
+	else
+		rotate_back<NQ, D>(rv, orot, vdk, po);
 }
 
 /* The CTA's warps processed blocks of @sg; merge, rotate back, write. */
@@ -5114,11 +5235,10 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
  * combined into the lowest slot, rotated back once, the other slots
  * emptied (l = 0) for k_merge.  Grid (max_segs + 1, n_heads).
  */
-/* chunks of a segment k_segrot loads at once (a batch); vdk <= D <= 128 =
- * the CTA's threads.  Six CTAs per SM (37 KB of shared memory each) at <=
- * 80 registers: 3 × NQ × SR_U values of a batch in registers, at most
- * 48, and 3 × NQ running sums. */
-#define SR_U(NQ) ((NQ) <= 4 ? 4 : 2)
+/* chunks of a segment k_segrot loads at once (a batch): 6 × SR_U values
+ * in registers.  Six CTAs per SM (37 KB of shared memory each) at <= 80
+ * registers. */
+#define SR_U 8
 
 template <int NQ, int D>
 __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads, char *ws,
@@ -5146,7 +5266,7 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 	}
 	uint32_t vdk = sgp ? sgp->v_dk : 0;
 	if (sgp)
-		cta_copy_async(rv, sgp->v_rot, vdk * D * 2);
+		cta_copy_rv_swz<D>(rv, sgp->v_rot, vdk);
 	pdl_wait();
 	const uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
 	uint32_t n = __ldcg(&note[0]), xa = ~__ldcg(&note[1]);
@@ -5158,66 +5278,68 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 	/* the chunks are slots xa .. xa + n - 1: a segment's are consecutive
 	 * (its empty windows count too: packed_cta_work) */
 	const float2 *ml0 = (const float2 *)(pml0 + (size_t)xa * NQ * 2);
-	constexpr int U = SR_U(NQ);
-	/* a thread per channel, every head: the chunks U at a time, each
-	 * batch's (m, l) and values all loaded before any math (one L2 round
-	 * trip a batch; segments of 16K tokens have 2-4 chunks of 256 blocks,
-	 * 16 of 64), folded online (the running maximum rescales what came
-	 * before); no barrier before the rotation.  (Two passes over the
-	 * chunks, a loop of L2 loads each, cost 2n round trips: the narrow
-	 * chunks of small steps made that the long path.) */
-	uint32_t c = threadIdx.x;
-	if (c < vdk) {
-		float M[NQ], ll[NQ], o[NQ];
-#pragma unroll
-		for (int h = 0; h < NQ; h++) {
-			M[h] = -INFINITY;
-			ll[h] = 0.0f;
-			o[h] = 0.0f;
-		}
+	/* a thread per head and 4 channels (looping where NQ × vdk / 4 passes
+	 * 128), the chunks SR_U at a time: each batch's (m, l) and values
+	 * loaded before any math (one L2 round trip a batch: segments of 16K
+	 * tokens have 4-8 chunks of 256 blocks at the bench's shapes, 16-32
+	 * of 64), folded online (the running maximum rescales what came
+	 * before); no barrier before the rotation.  A thread per channel
+	 * and every head loaded each slot's (m, l) in every thread and its
+	 * values a float at a time: 32 loads a thread where this issues 2U
+	 * (the batch's loads took 1.3 µs at 1M tokens: bench/tail_probe.py).
+	 * (Two passes over the chunks, a loop of L2 loads each, cost 2n
+	 * round trips: the narrow chunks of small steps made that the long
+	 * path.) */
+	constexpr int U = SR_U;
+	/* channels past vdk (none at d_keep = d or 3d/4) are read from the
+	 * slot's D and folded into orot rows the rotation ignores */
+	const uint32_t nc4 = (vdk + 3) >> 2;
+	for (uint32_t it = threadIdx.x; it < NQ * nc4; it += blockDim.x) {
+		const uint32_t h = it / nc4, c = 4 * (it - h * nc4);
+		float M = -INFINITY, ll = 0.0f;
+		float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 		for (uint32_t x0 = 0; x0 < n; x0 += U) {
-			float2 ml[NQ][U];
-			float pv[NQ][U];
+			float2 ml[U];
+			float4 pv[U];
 #pragma unroll
-			for (int h = 0; h < NQ; h++)
+			for (int u = 0; u < U; u++) {
+				const bool ok = x0 + u < n;
+				ml[u] = ok ? ml0[(x0 + u) * NQ + h] : make_float2(-INFINITY, 0.0f);
+				pv[u] = ok ? *(const float4 *)&po0[((size_t)(xa + x0 + u) * NQ + h) * D + c]
+					   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			}
+			float mb = M;
 #pragma unroll
-				for (int u = 0; u < U; u++) {
-					bool ok = x0 + u < n;
-					ml[h][u] = ok ? ml0[(x0 + u) * NQ + h]
-						      : make_float2(-INFINITY, 0.0f);
-					pv[h][u] = ok ? po0[((size_t)(xa + x0 + u) * NQ + h) * D + c]
-						      : 0.0f;
+			for (int u = 0; u < U; u++)
+				if (ml[u].y > 0.0f)
+					mb = fmaxf(mb, ml[u].x);
+			if (mb == -INFINITY) /* no slot with l > 0 yet */
+				continue;
+			const float f0 = exp2f(M - mb); /* 0 while M is -inf */
+			o.x *= f0;
+			o.y *= f0;
+			o.z *= f0;
+			o.w *= f0;
+			ll *= f0;
+#pragma unroll
+			for (int u = 0; u < U; u++)
+				if (ml[u].y > 0.0f) {
+					const float f = exp2f(ml[u].x - mb);
+					o.x = fmaf(f, pv[u].x, o.x);
+					o.y = fmaf(f, pv[u].y, o.y);
+					o.z = fmaf(f, pv[u].z, o.z);
+					o.w = fmaf(f, pv[u].w, o.w);
+					ll += f * ml[u].y;
 				}
-#pragma unroll
-			for (int h = 0; h < NQ; h++) {
-				float mb = M[h];
-#pragma unroll
-				for (int u = 0; u < U; u++)
-					if (ml[h][u].y > 0.0f)
-						mb = fmaxf(mb, ml[h][u].x);
-				if (mb == -INFINITY) /* no slot with l > 0 yet */
-					continue;
-				float f0 = exp2f(M[h] - mb); /* 0 while M is -inf */
-				float oh = o[h] * f0, lh2 = ll[h] * f0;
-#pragma unroll
-				for (int u = 0; u < U; u++)
-					if (ml[h][u].y > 0.0f) {
-						float f = exp2f(ml[h][u].x - mb);
-						oh = fmaf(f, pv[h][u], oh);
-						lh2 += f * ml[h][u].y;
-					}
-				M[h] = mb;
-				o[h] = oh;
-				ll[h] = lh2;
-			}
+			M = mb;
 		}
-#pragma unroll
-		for (int h = 0; h < NQ; h++) {
-			orot[c * 8 + h] = o[h];
-			if (c == 0) {
-				mh[h] = M[h];
-				lh[h] = ll[h];
-			}
+		orot[c * 8 + h] = o.x;
+		orot[(c + 1) * 8 + h] = o.y;
+		orot[(c + 2) * 8 + h] = o.z;
+		orot[(c + 3) * 8 + h] = o.w;
+		if (c == 0) {
+			mh[h] = M;
+			lh[h] = ll;
 		}
 	}
 	cta_copy_wait();
@@ -5229,7 +5351,7 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 		pml0[((size_t)xa * NQ + h) * 2] = mh[h];
 		pml0[((size_t)xa * NQ + h) * 2 + 1] = lh[h];
 	}
-	rotate_back<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
+	rotate_back_tc<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
 }
 
 /* ------------------------------------------------------------------ */
