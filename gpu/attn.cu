@@ -423,6 +423,46 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* a, b as bf16 pairs: *h the rounded values, *l the remainders. */
+__device__ __forceinline__ void dn_split(float a, float b, uint32_t *h, uint32_t *l)
+{
+	uint32_t x = dn_bf2(a, b);
+	*h = x;
+	*l = dn_bf2(a - __uint_as_float(x << 16), b - __uint_as_float(x & 0xffff0000u));
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma_t(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+				      uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	if (BF)
+		mma_bf16(c, a0, a1, a2, a3, b0, b1);
+	else
+		mma_f16(c, a0, a1, a2, a3, b0, b1);
+}
+
+/* fp16 pair of (a, b) (@lo: of their remainders after rounding). */
+__device__ __forceinline__ uint32_t h2split(float a, float b, bool lo)
+{
+	__half2 h = __floats2half2_rn(a, b);
+	if (lo) {
+		float2 f = __half22float2(h);
+		h = __floats2half2_rn(a - f.x, b - f.y);
+	}
+	return *(uint32_t *)&h;
+}
+
+/* The same in bf16 (hi + lo carries 16 bits of mantissa). */
+template <bool BF>
+__device__ __forceinline__ uint32_t split_t(float a, float b, bool lo)
+{
+	if (!BF)
+		return h2split(a, b, lo);
+	uint32_t h, l;
+	dn_split(a, b, &h, &l);
+	return lo ? l : h;
+}
+
 /* ------------------------------------------------------------------ */
 /* qrot: q'[seg][c][h] = Σ_j R_k[c][j] q_h[j], c < dk (unscaled).      */
 
@@ -3261,13 +3301,8 @@ static __device__ __forceinline__ void rotate_back_tc(const uint16_t *rv, const 
 			const float x1 = hv && ca + 1 < vdk ? orot[(ca + 1) * 8 + h] : 0.0f;
 			const float x2 = hv && cb < vdk ? orot[cb * 8 + h] : 0.0f;
 			const float x3 = hv && cb + 1 < vdk ? orot[(cb + 1) * 8 + h] : 0.0f;
-			const uint32_t h0 = dn_bf2(x0, x1), h1 = dn_bf2(x2, x3);
-			b[u][0] = lo ? dn_bf2(x0 - __uint_as_float(h0 << 16),
-					      x1 - __uint_as_float(h0 & 0xffff0000u))
-				     : h0;
-			b[u][1] = lo ? dn_bf2(x2 - __uint_as_float(h1 << 16),
-					      x3 - __uint_as_float(h1 & 0xffff0000u))
-				     : h1;
+			b[u][0] = split_t<true>(x0, x1, lo);
+			b[u][1] = split_t<true>(x2, x3, lo);
 		}
 		/* A's rows past vdk: zero their halves (the buffer may hold NaN) */
 		const uint32_t ma = ca + 1 < vdk ? ~0u : ca < vdk ? 0xffffu : 0u;
@@ -4474,46 +4509,6 @@ __device__ __forceinline__ void st_fill_pos(const struct gpu_seg &sg, uint32_t t
 }
 
 
-/* a, b as bf16 pairs: *h the rounded values, *l the remainders. */
-__device__ __forceinline__ void dn_split(float a, float b, uint32_t *h, uint32_t *l)
-{
-	uint32_t x = dn_bf2(a, b);
-	*h = x;
-	*l = dn_bf2(a - __uint_as_float(x << 16), b - __uint_as_float(x & 0xffff0000u));
-}
-
-template <bool BF>
-__device__ __forceinline__ void mma_t(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-				      uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	if (BF)
-		mma_bf16(c, a0, a1, a2, a3, b0, b1);
-	else
-		mma_f16(c, a0, a1, a2, a3, b0, b1);
-}
-
-/* fp16 pair of (a, b) (@lo: of their remainders after rounding). */
-__device__ __forceinline__ uint32_t h2split(float a, float b, bool lo)
-{
-	__half2 h = __floats2half2_rn(a, b);
-	if (lo) {
-		float2 f = __half22float2(h);
-		h = __floats2half2_rn(a - f.x, b - f.y);
-	}
-	return *(uint32_t *)&h;
-}
-
-/* The same in bf16 (hi + lo carries 16 bits of mantissa). */
-template <bool BF>
-__device__ __forceinline__ uint32_t split_t(float a, float b, bool lo)
-{
-	if (!BF)
-		return h2split(a, b, lo);
-	uint32_t h, l;
-	dn_split(a, b, &h, &l);
-	return lo ? l : h;
-}
-
 /*
  * Quantized rows: the r values st_compact left at the start of tile row
  * @row, expanded in place to channels [0, 8 NG) by the bitmap @bm (no
@@ -5286,7 +5281,9 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 	 * before); no barrier before the rotation.  A thread per channel
 	 * and every head loaded each slot's (m, l) in every thread and its
 	 * values a float at a time: 32 loads a thread where this issues 2U
-	 * (the batch's loads took 1.3 µs at 1M tokens: bench/tail_probe.py).
+	 * (bench/tail_probe.py, H200, 1M tokens: the batch's round trip
+	 * stayed at 1.3-1.4 µs, the fold after it fell 0.77 -> 0.61; at 256K
+	 * one batch of eight slots replaced two of four, 1.66 -> 0.54).
 	 * (Two passes over the chunks, a loop of L2 loads each, cost 2n
 	 * round trips: the narrow chunks of small steps made that the long
 	 * path.) */
