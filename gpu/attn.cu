@@ -2388,22 +2388,28 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 	__syncthreads();
 	const uint32_t nbb = (bn + bb - 1) / bb;
 	const bool marks = (L.lpt & 2u) != 0u;
-	for (uint32_t x = tid; x < ns; x += SEL_T) {
-		uint32_t k = 0;
+	/* Warp-uniform trips: the lanes of a warp hold consecutive slots, and
+	 * the shared bins' atomics are made once a key a warp (match_any):
+	 * the keys crowd (a window's parts weigh alike, the idle slots all
+	 * fall in bin cw, runs of 32 of them past the last window), and lanes
+	 * adding to one shared word were serialized a lane at a time, twice
+	 * over every slot, in the one CTA the attention kernel waits for */
+	const uint32_t lane = tid & 31u, below = (1u << lane) - 1u;
+	for (uint32_t xb = tid - lane; xb < ns; xb += SEL_T) {
+		const uint32_t x = xb + lane;
+		uint32_t k = 0, si = 0xffffffffu;
 		bool mark = marks; /* k == 0 is then no work */
-		if (x < L.max_chunks) {
+		if (x >= ns) {
+			mark = false;
+		} else if (x < L.max_chunks) {
 			const uint32_t wx = x >> L.pl, part = x & (np1 - 1u);
 			if (wx < nw) {
 				const uint32_t n = wn[wx] & 1023u;
 				const uint32_t np = min(np1, (n + L.pb - 1) / L.pb);
 				k = part < np ? (part + 1) * n / np - part * n / np : 0u;
 				mark = marks && bound;
-				if (mark && k == 0 && src.segs) {
-					/* as packed_cta_work counts an empty part */
-					uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, wn[wx] >> 10);
-					atomicAdd(&note[0], 1u);
-					atomicMax(&note[1], ~x);
-				}
+				if (mark && k == 0 && src.segs)
+					si = wn[wx] >> 10; /* an empty part: its note counts it */
 			}
 		} else if (x < L.max_chunks + L.buf_chunks) {
 			const uint32_t b0 = (x - L.max_chunks) << src.cwl;
@@ -2413,8 +2419,23 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 			k = t0 < src.win_n ? (min(src.win_n - t0, (uint32_t)WIN_TILE) + 15) / 16 : 0u;
 		}
 		k = min(k, cw);
-		key[x] = k | (k == 0 && mark ? GPU_ORDER_IDLE : 0u);
-		atomicAdd(&bins[cw - k], 1u);
+		/* as packed_cta_work counts an empty part: the chunks attended
+		 * and the lowest slot, here a warp's run of a segment's empty
+		 * parts at once (slots rise with the lane: the run's lowest is
+		 * its first lane's) */
+		const uint32_t sp = __match_any_sync(0xffffffffu, si);
+		if (si != 0xffffffffu && lane == (uint32_t)(__ffs(sp) - 1)) {
+			uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, si);
+			atomicAdd(&note[0], (uint32_t)__popc(sp));
+			atomicMax(&note[1], ~x);
+		}
+		const uint32_t bin = x < ns ? cw - k : 0xffffffffu;
+		const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+		if (x < ns) {
+			key[x] = k | (k == 0 && mark ? GPU_ORDER_IDLE : 0u);
+			if (lane == (uint32_t)(__ffs(peers) - 1))
+				atomicAdd(&bins[bin], (uint32_t)__popc(peers));
+		}
 	}
 	__syncthreads();
 	if (tid < 32) { /* bins to offsets, the heaviest key first */
@@ -2430,9 +2451,20 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 		}
 	}
 	__syncthreads();
-	for (uint32_t x = tid; x < ns; x += SEL_T) {
-		const uint32_t k = key[x];
-		order[atomicAdd(&bins[cw - (k & ~GPU_ORDER_IDLE)], 1u)] = x | (k & GPU_ORDER_IDLE);
+	/* a key's lanes take consecutive ranks from one atomic of their
+	 * leader (in slot order within the warp) */
+	for (uint32_t xb = tid - lane; xb < ns; xb += SEL_T) {
+		const uint32_t x = xb + lane;
+		const uint32_t k = x < ns ? key[x] : 0u;
+		const uint32_t bin = x < ns ? cw - (k & ~GPU_ORDER_IDLE) : 0xffffffffu;
+		const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+		const uint32_t lead = (uint32_t)(__ffs(peers) - 1);
+		uint32_t base = 0;
+		if (x < ns && lane == lead)
+			base = atomicAdd(&bins[bin], (uint32_t)__popc(peers));
+		base = __shfl_sync(0xffffffffu, base, lead);
+		if (x < ns)
+			order[base + __popc(peers & below)] = x | (k & GPU_ORDER_IDLE);
 	}
 }
 
@@ -5464,60 +5496,54 @@ __global__ void __launch_bounds__(MERGE_T) k_merge(uint32_t nq, char *ws, struct
 		merge_all<D>(po, pml, ns, nq, h, so, sm, sl, out);
 		return;
 	}
-	/* ---- the live slots, in slot order, with their m and l ---- */
+	/* ---- the live slots, in slot order, with their weights and l ----
+	 * Thread t holds slots 4t .. 4t + 3 (each slot's 8 bytes are a sector
+	 * of their own, so no load is wider for it), so one scan places them:
+	 * the lane's live count scanned in the warp, the warps' counts and
+	 * maxima met at one barrier.  Four rounds of a ballot and a block
+	 * scan took eight barriers of the 1,024 threads. */
+	static_assert(MERGE_PRE == 4 && MERGE_T * MERGE_PRE >= MERGE_LIVE, "four slots a thread");
 	float2 ml[MERGE_PRE];
-#pragma unroll
-	for (int k = 0; k < MERGE_PRE; k++) {
-		uint32_t x = threadIdx.x + MERGE_T * k;
-		ml[k] = x < ns ? __ldg((const float2 *)(pml + ((size_t)x * nq + h) * 2))
-			       : make_float2(0.0f, 0.0f);
-	}
-	uint32_t nlive = 0;
+	uint32_t c = 0;
 	float mx = -INFINITY;
 #pragma unroll
 	for (int k = 0; k < MERGE_PRE; k++) {
-		if (MERGE_T * k >= ns) /* CTA-uniform */
-			break;
-		const bool live = ml[k].y > 0.0f;
-		const uint32_t bal = __ballot_sync(0xffffffffu, live);
-		if (lane == 0)
-			wcnt[wid] = __popc(bal);
-		__syncthreads();
-		uint32_t c = lane < NW ? wcnt[lane] : 0u, inc = c;
-#pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			uint32_t v = __shfl_up_sync(0xffffffffu, inc, o);
-			if (lane >= (uint32_t)o)
-				inc += v;
-		}
-		const uint32_t before = __shfl_sync(0xffffffffu, inc - c, wid);
-		const uint32_t tot = __shfl_sync(0xffffffffu, inc, 31);
-		const uint32_t at = nlive + before + __popc(bal & ((1u << lane) - 1u));
-		if (live && at < MERGE_LIVE) {
-			lv[at] = threadIdx.x + MERGE_T * k;
-			lm[at] = ml[k].x;
-			lw[at] = ml[k].y;
-		}
-		if (live)
-			mx = fmaxf(mx, ml[k].x);
-		nlive += tot;
-		__syncthreads(); /* wcnt is read before the next round writes it */
+		uint32_t x = MERGE_PRE * threadIdx.x + k;
+		ml[k] = x < ns ? __ldg((const float2 *)(pml + ((size_t)x * nq + h) * 2))
+			       : make_float2(0.0f, 0.0f);
 	}
+#pragma unroll
+	for (int k = 0; k < MERGE_PRE; k++)
+		if (ml[k].y > 0.0f) {
+			c++;
+			mx = fmaxf(mx, ml[k].x);
+		}
+	const uint32_t inc = warp_incl_scan(c);
+	for (int o = 16; o > 0; o >>= 1)
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+	if (lane == 31)
+		wcnt[wid] = inc;
+	if (lane == 0)
+		wmax[wid] = mx;
+	__syncthreads();
+	const uint32_t wc = lane < NW ? wcnt[lane] : 0u, winc = warp_incl_scan(wc);
+	const uint32_t nlive = __shfl_sync(0xffffffffu, winc, 31);
 	if (nlive > MERGE_LIVE) { /* CTA-uniform */
 		merge_all<D>(po, pml, ns, nq, h, so, sm, sl, out);
 		return;
 	}
-	for (int o = 16; o > 0; o >>= 1)
-		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-	if (lane == 0)
-		wmax[wid] = mx;
-	__syncthreads();
 	float M = -INFINITY;
 	for (int k = 0; k < NW; k++)
 		M = fmaxf(M, wmax[k]);
-	/* each live slot's weight (lm: m, then the weight; lw: l) */
-	for (uint32_t i = threadIdx.x; i < nlive; i += MERGE_T)
-		lm[i] = exp2f(lm[i] - M);
+	uint32_t at = __shfl_sync(0xffffffffu, winc - wc, wid) + inc - c;
+#pragma unroll
+	for (int k = 0; k < MERGE_PRE; k++)
+		if (ml[k].y > 0.0f) {
+			lv[at] = MERGE_PRE * threadIdx.x + k;
+			lm[at] = exp2f(ml[k].x - M);
+			lw[at] = ml[k].y;
+			at++;
+		}
 	__syncthreads();
 	/* ---- the values: thread (q4, g) takes live slots g, g + G, ... ---- */
 	const uint32_t q4 = threadIdx.x % NC, g = threadIdx.x / NC;
