@@ -3299,7 +3299,7 @@ __device__ __forceinline__ void cta_copy_rv_swz(uint16_t *dst, const uint16_t *s
  * forty-second session: still more than its instructions explain).
  * Rows c >= vdk (garbage in R_v's buffer and in @orot) enter as zeros.
  */
-template <int NQ, int D>
+template <int NQ, int D, bool DRY_OK = false>
 static __device__ __forceinline__ void rotate_back_tc(const uint16_t *rv, const float *orot,
 						      uint32_t vdk, float *po)
 {
@@ -3367,6 +3367,8 @@ static __device__ __forceinline__ void rotate_back_tc(const uint16_t *rv, const 
 			for (int e = 0; e < 4; e++)
 				v[e] = acc[i][u][e] + __shfl_xor_sync(0xffffffffu, acc[i][u][e], 2);
 			const int h = 4 * u + 2 * tig;
+			if (DRY_OK && !po) /* a dry run (GPU_ATTN_SEGROT_WARM) */
+				continue;
 			if (tig < 2 && h < NQ) {
 				po[h * D + j] = v[0];
 				po[h * D + j + 8] = v[2];
@@ -5267,7 +5269,16 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
  * registers. */
 #define SR_U 8
 
+/* The rotation out of line, for GPU_ATTN_SEGROT_WARM: its dry run and the
+ * real one are then the same instructions. */
 template <int NQ, int D>
+static __device__ __noinline__ void segrot_rotate(const uint16_t *rv, const float *orot,
+						  uint32_t vdk, float *po)
+{
+	rotate_back_tc<NQ, D, true>(rv, orot, vdk, po);
+}
+
+template <int NQ, int D, bool WARM = false>
 __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads, char *ws,
 						struct ws_layout L)
 {
@@ -5292,6 +5303,10 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 		return;
 	}
 	uint32_t vdk = sgp ? sgp->v_dk : 0;
+	if (WARM && sgp) { /* CTA-uniform */
+		segrot_rotate<NQ, D>(rv, orot, vdk, NULL);
+		__syncthreads(); /* the dry run's reads of rv before the copy's writes */
+	}
 	if (sgp)
 		cta_copy_rv_swz<D>(rv, sgp->v_rot, vdk);
 	pdl_wait();
@@ -5380,7 +5395,10 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 		pml0[((size_t)xa * NQ + h) * 2] = mh[h];
 		pml0[((size_t)xa * NQ + h) * 2 + 1] = lh[h];
 	}
-	rotate_back_tc<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
+	if (WARM)
+		segrot_rotate<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
+	else
+		rotate_back_tc<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
 }
 
 /* ------------------------------------------------------------------ */
@@ -6340,7 +6358,9 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 		/* every segment in one chunk (seg_whole): nothing left for k_segrot */
 		const uint32_t cw = 1u << L.cwl;
 		if (!(a->max_seg_blocks && a->max_seg_blocks <= cw && a->max_buf_blocks <= cw))
-			GPU_CK(gpu_launch(pdl_of(a), k_segrot<NQ, D>,
+			GPU_CK(gpu_launch(pdl_of(a),
+					  a->flags & GPU_ATTN_SEGROT_WARM ? k_segrot<NQ, D, true>
+									  : k_segrot<NQ, D, false>,
 					  dim3(a->max_segs + 1, a->n_heads), 128, 0, s, heads,
 					  (char *)a->ws, L));
 	}
