@@ -5515,8 +5515,9 @@ __global__ void __launch_bounds__(MERGE_T) k_merge(uint32_t nq, char *ws, struct
 		return;
 	}
 	/* ---- the live slots, in slot order, with their weights and l ----
-	 * Thread t holds slots 4t .. 4t + 3 (each slot's 8 bytes are a sector
-	 * of their own, so no load is wider for it), so one scan places them:
+	 * Thread t holds slots 4t .. 4t + 3 (a slot's (m, l) of every head
+	 * are 8 nq bytes: a warp's lanes read a sector each, as when lane t
+	 * held slots t + 1024k), so one scan places them:
 	 * the lane's live count scanned in the warp, the warps' counts and
 	 * maxima met at one barrier.  Four rounds of a ballot and a block
 	 * scan took eight barriers of the 1,024 threads. */
