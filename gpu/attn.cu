@@ -2423,19 +2423,19 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 		 * and the lowest slot, here a warp's run of a segment's empty
 		 * parts at once (slots rise with the lane: the run's lowest is
 		 * its first lane's) */
-		const uint32_t sp = __match_any_sync(0xffffffffu, si);
-		if (si != 0xffffffffu && lane == (uint32_t)(__ffs(sp) - 1)) {
+		bool lead;
+		const uint32_t ne = bin_sum(si, 1u, true, si != 0xffffffffu, &lead);
+		if (lead) {
 			uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, si);
-			atomicAdd(&note[0], (uint32_t)__popc(sp));
+			atomicAdd(&note[0], ne);
 			atomicMax(&note[1], ~x);
 		}
 		const uint32_t bin = x < ns ? cw - k : 0xffffffffu;
-		const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-		if (x < ns) {
+		const uint32_t nk = bin_sum(bin, 1u, true, x < ns, &lead);
+		if (x < ns)
 			key[x] = k | (k == 0 && mark ? GPU_ORDER_IDLE : 0u);
-			if (lane == (uint32_t)(__ffs(peers) - 1))
-				atomicAdd(&bins[bin], (uint32_t)__popc(peers));
-		}
+		if (lead)
+			atomicAdd(&bins[bin], nk);
 	}
 	__syncthreads();
 	if (tid < 32) { /* bins to offsets, the heaviest key first */
@@ -5303,12 +5303,13 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 		return;
 	}
 	uint32_t vdk = sgp ? sgp->v_dk : 0;
-	if (WARM && sgp) { /* CTA-uniform */
-		segrot_rotate<NQ, D>(rv, orot, vdk, NULL);
-		__syncthreads(); /* the dry run's reads of rv before the copy's writes */
-	}
-	if (sgp)
+	if (sgp) { /* CTA-uniform */
+		if (WARM) {
+			segrot_rotate<NQ, D>(rv, orot, vdk, NULL);
+			__syncthreads(); /* the dry run's reads of rv before the copy's writes */
+		}
 		cta_copy_rv_swz<D>(rv, sgp->v_rot, vdk);
+	}
 	pdl_wait();
 	const uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
 	uint32_t n = __ldcg(&note[0]), xa = ~__ldcg(&note[1]);
