@@ -19,14 +19,12 @@ idle marks); since the thirty-eighth the first wave in rank order
 (ours_ofl, ours_mfl: GPU_ATTN_ORDER_FLAT, beside ours_us and ours_mny);
 since the fortieth the score kernel's fine histogram added to global
 memory by every warp (ours_fg, os_fg, os8_fg, g28_fg: GPU_ATTN_FINE_GLOBAL,
-beside ours_us, oscore, os_s8 and g2_s8); since the forty-fourth the
-select's exact cut by the whole CTA (ours_sxb: GPU_ATTN_SEL_EXACT_BLOCK,
-the version before one warp took it at 512 candidates or fewer)."""
+beside ours_us, oscore, os_s8 and g2_s8)."""
 import sys
 
-DEFAULT = ["ours_us", "ours_sxb", "ours_fg", "oscore", "os_fg", "os_s8", "os8_fg", "g2_s8",
-           "g28_fg", "ours_2st", "ours_3st", "os_2st", "os_3st", "ours_g2", "ours_mny", "ours_pre",
-           "os_1cta", "os_many", "quest_us"]
+DEFAULT = ["ours_us", "ours_fg", "oscore", "os_fg", "os_s8", "os8_fg", "g2_s8", "g28_fg", "ours_2st",
+           "ours_3st", "os_2st", "os_3st", "ours_g2", "ours_mny", "ours_pre", "os_1cta", "os_many",
+           "quest_us"]
 
 
 def rows(path):

@@ -107,8 +107,6 @@ struct ws_layout {
 			    * CTAs are ordered: CTAs an SM and SMs
 			    * (gpu_wave_rank; 0: rank order; set by the
 			    * launch, wave_of) */
-	uint32_t sx_blk;   /* the exact cut by the whole CTA at any count
-			    * (GPU_ATTN_SEL_EXACT_BLOCK; set by the launch) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -1855,8 +1853,6 @@ struct sel_smem {
 	uint32_t wcnt[64], woff[32]; /* per warp (one CTA) or per CTA range (many) */
 	uint32_t scan[33];
 	uint32_t ncand, digit, abv, tie_max, ntie;
-	uint32_t kstar;        /* sel_exact's cut where warp 0 alone found it, */
-	unsigned long long xabove; /* and the weight above it */
 	uint32_t lwn[SEL_T]; /* msel_count's early window entries (lpt_window) */
 };
 
@@ -1917,176 +1913,18 @@ __device__ uint32_t sel_cut16(const uint32_t *ghist, uint64_t need, int *modep,
 	return prefix16;
 }
 
-/* sel_exact's barrier: the CTA's, or warp 0's where @NT is 32. */
-template <uint32_t NT>
-__device__ __forceinline__ void sel_sync()
-{
-	if (NT == 32)
-		__syncwarp();
-	else
-		__syncthreads();
-}
-
-/*
- * sel_exact's tie list, once the cut-off @kstar is known, by @NT threads
- * (the CTA, or warp 0): sm.tie_max and sm.ntie zeroed, the ties' (index <<
- * 8) | tokens in sm.h (free after the radix passes), at most HIST_HI of
- * them (sm.ntie counts them all).  The caller's barrier follows.
- *
- * A tie's weight before it sums over the ties alone: summed over every
- * candidate, it was a serial O(nc) loop in the thread of each tie (the
- * cut-off block itself is one), and where the cut's bin is full that loop
- * was most of the select: Quest's count kernel at 1M tokens, batch 1,
- * 44-45 µs with it, 16.5 without; ours 16-17.6 -> 13.6-15 (ncu on the
- * H200, gpu/NOTES.md, twenty-ninth session).
- */
-template <uint32_t NT>
-__device__ __forceinline__ void sel_tie_list(uint32_t nc, uint32_t kstar, int mode,
-					     struct sel_smem &sm)
-{
-	uint32_t tid = threadIdx.x;
-	if (tid == 0) {
-		sm.tie_max = 0;
-		sm.ntie = 0;
-	}
-	sel_sync<NT>();
-	if (mode == 0)
-		for (uint32_t c = tid; c < nc; c += NT)
-			if (sm.ckey[c] == kstar) {
-				uint32_t t = atomicAdd(&sm.ntie, 1u);
-				if (t < HIST_HI)
-					sm.h[t] = sm.ciw[c];
-			}
-}
-
-/*
- * sel_exact's end, by all SEL_T threads after a barrier past sel_tie_list:
- * the candidates taken (above the cut-off @kstar, and ties in index order
- * while the budget lasts) counted into sm.wcnt[index / @R], the largest tie
- * taken into sm.tie_max.  By the whole CTA whichever found the cut: a tie
- * scans the tie list, so where the cut's bin is all ties (512 equal scores)
- * one warp would take 16 candidates a lane times 512 entries each.
- */
-__device__ __forceinline__ void sel_take_count(uint32_t nc, uint32_t kstar, int mode, uint64_t need,
-					 uint64_t above, uint32_t R, struct sel_smem &sm)
-{
-	const uint32_t nt = sm.ntie; /* > HIST_HI: the list is partial */
-	for (uint32_t c = threadIdx.x; c < nc; c += SEL_T) {
-		uint32_t k = sm.ckey[c], iw = sm.ciw[c], idx = iw >> 8;
-		bool take = k > kstar;
-		if (k == kstar && mode == 0) {
-			uint64_t P = 0;
-			if (nt <= HIST_HI) {
-				for (uint32_t t = 0; t < nt; t++)
-					if ((sm.h[t] >> 8) < idx)
-						P += sm.h[t] & 255u;
-			} else {
-				for (uint32_t c2 = 0; c2 < nc; c2++)
-					if (sm.ckey[c2] == kstar && (sm.ciw[c2] >> 8) < idx)
-						P += sm.ciw[c2] & 255u;
-			}
-			take = above + P < need;
-			if (take)
-				atomicMax(&sm.tie_max, idx);
-		}
-		if (take)
-			atomicAdd(&sm.wcnt[idx / R], 1u);
-	}
-}
-
-/*
- * sel_exact by warp 0 alone (its 32 lanes; the other warps wait at
- * sel_exact's barrier): the same two 8-bit passes, each lane summing 8
- * bins (255 - 8·lane down) and one warp scan standing for the CTA's, with
- * the same 32-bit sums above a digit, so the same cut; then the tie list.
- * Where a pass finds no digit, sm.digit and sm.abv keep what they held, as
- * in the CTA's version.  Returns the cut-off key in every lane, and the
- * weight above it in *@abovep.
- */
-__device__ uint32_t sel_exact_warp(uint32_t nc, uint32_t prefix16, int mode, uint64_t need,
-				   uint64_t *abovep, struct sel_smem &sm)
-{
-	static_assert(offsetof(struct sel_smem, h) % 16 == 0, "sel_exact_warp's bins");
-	uint32_t lane = threadIdx.x & 31;
-	uint64_t above = *abovep;
-	uint32_t kstar = 0xffffffffu;
-	if (mode == 1)
-		kstar = 0;
-	if (mode == 0) {
-		uint32_t prefix = prefix16 << 16, pmask = 0xffff0000u;
-		uint4 *h4 = (uint4 *)sm.h; /* a lane's 8 bins in two 16-byte words */
-		for (int sh = 8; sh >= 0; sh -= 8) {
-			h4[2 * lane] = h4[2 * lane + 1] = make_uint4(0, 0, 0, 0);
-			__syncwarp();
-			for (uint32_t c = lane; c < nc; c += 32) {
-				uint32_t k = sm.ckey[c];
-				if ((k & pmask) == prefix)
-					atomicAdd(&sm.h[(k >> sh) & 255u], sm.ciw[c] & 255u);
-			}
-			__syncwarp();
-			/* bins 255 - 8·lane down to 248 - 8·lane */
-			const uint4 hi = h4[63 - 2 * lane], lo = h4[62 - 2 * lane];
-			const uint32_t v[8] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};
-			uint32_t s = 0;
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-				s += v[j];
-			uint32_t ex = warp_incl_scan(s) - s;
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				if (above + ex < need && above + ex + v[j] >= need) {
-					sm.digit = 255 - 8 * lane - j;
-					sm.abv = ex;
-				}
-				ex += v[j];
-			}
-			/* no barrier after the reads below: the next pass writes
-			 * sm.h and sm.digit only past its own */
-			__syncwarp();
-			prefix |= sm.digit << sh;
-			pmask |= 255u << sh;
-			above += sm.abv;
-		}
-		kstar = prefix;
-	}
-	sel_tie_list<32>(nc, kstar, mode, sm);
-	*abovep = above;
-	return kstar;
-}
-
 /*
  * The exact cut-off key among the @nc candidates in sm.ckey / sm.ciw (the
  * blocks of the 16-bit bin @prefix16, weight @above above it): two 8-bit
  * radix passes; then the candidates taken (above the cut-off, and ties in
  * index order while the budget lasts) are counted into sm.wcnt[index / @R]
- * and the largest tie taken goes to sm.tie_max.  Returns the cut-off key
- * (every thread).  All SEL_T threads.
- *
- * Up to SEL_WARP_NC candidates (the bench's shapes: a few hundred) warp 0
- * alone finds the cut and the tie list (sel_exact_warp): at those counts
- * the CTA's passes cost their ~7 barriers each and the scans' dependent
- * steps, not work (not yet measured: bench/attn's ours_sxb); the take
- * loop stays the CTA's.  @blk (GPU_ATTN_SEL_EXACT_BLOCK) keeps the CTA's
- * version at every count.
+ * and the largest tie taken goes to sm.tie_max.  Returns the cut-off key.
+ * All SEL_T threads.
  */
-#define SEL_WARP_NC 512
 __device__ uint32_t sel_exact(uint32_t nc, uint32_t prefix16, int mode, uint64_t need,
-			      uint64_t above, uint32_t R, struct sel_smem &sm, bool blk)
+			      uint64_t above, uint32_t R, struct sel_smem &sm)
 {
 	uint32_t tid = threadIdx.x;
-	if (!blk && nc <= SEL_WARP_NC) { /* uniform over the CTA */
-		if (tid < 32) {
-			uint32_t k = sel_exact_warp(nc, prefix16, mode, need, &above, sm);
-			if (tid == 0) {
-				sm.kstar = k;
-				sm.xabove = above;
-			}
-		}
-		__syncthreads();
-		const uint32_t kstar = sm.kstar;
-		sel_take_count(nc, kstar, mode, need, sm.xabove, R, sm);
-		return kstar;
-	}
 	uint32_t kstar = 0xffffffffu;
 	if (mode == 1)
 		kstar = 0;
@@ -2116,9 +1954,49 @@ __device__ uint32_t sel_exact(uint32_t nc, uint32_t prefix16, int mode, uint64_t
 		}
 		kstar = prefix;
 	}
-	sel_tie_list<SEL_T>(nc, kstar, mode, sm);
+	/* ties (key == K*) in index order; per-warp counts of candidates
+	 * taken.  A tie's weight before it sums over the ties alone, gathered
+	 * first into sm.h (free after the radix passes): summed over every
+	 * candidate, it was a serial O(nc) loop in the thread of each tie (the
+	 * cut-off block itself is one), and where the cut's bin is full that
+	 * loop was most of the select: Quest's count kernel at 1M tokens,
+	 * batch 1, 44-45 µs with it, 16.5 without; ours 16-17.6 -> 13.6-15
+	 * (ncu on the H200, gpu/NOTES.md, twenty-ninth session) */
+	if (tid == 0) {
+		sm.tie_max = 0;
+		sm.ntie = 0;
+	}
 	__syncthreads();
-	sel_take_count(nc, kstar, mode, need, above, R, sm);
+	if (mode == 0)
+		for (uint32_t c = tid; c < nc; c += SEL_T)
+			if (sm.ckey[c] == kstar) {
+				uint32_t t = atomicAdd(&sm.ntie, 1u);
+				if (t < HIST_HI)
+					sm.h[t] = sm.ciw[c];
+			}
+	__syncthreads();
+	const uint32_t nt = sm.ntie; /* > HIST_HI: the list is partial */
+	for (uint32_t c = tid; c < nc; c += SEL_T) {
+		uint32_t k = sm.ckey[c], iw = sm.ciw[c], idx = iw >> 8;
+		bool take = k > kstar;
+		if (k == kstar && mode == 0) {
+			uint64_t P = 0;
+			if (nt <= HIST_HI) {
+				for (uint32_t t = 0; t < nt; t++)
+					if ((sm.h[t] >> 8) < idx)
+						P += sm.h[t] & 255u;
+			} else {
+				for (uint32_t c2 = 0; c2 < nc; c2++)
+					if (sm.ckey[c2] == kstar && (sm.ciw[c2] >> 8) < idx)
+						P += sm.ciw[c2] & 255u;
+			}
+			take = above + P < need;
+			if (take)
+				atomicMax(&sm.tie_max, idx);
+		}
+		if (take)
+			atomicAdd(&sm.wcnt[idx / R], 1u);
+	}
 	return kstar;
 }
 
@@ -2269,7 +2147,7 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 	uint32_t nc = sm.ncand;
 	if (nc > SEL_CAP)
 		return UINT32_MAX; /* uniform */
-	uint32_t kstar = sel_exact(nc, prefix16, mode, need, above, R, sm, L.sx_blk);
+	uint32_t kstar = sel_exact(nc, prefix16, mode, need, above, R, sm);
 	__syncthreads();
 	if (tid == 0) { /* the cut as sel_take reads it (every select leaves it) */
 		uint32_t *X = SELX(ws, h);
@@ -2694,7 +2572,7 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	__syncthreads();
 	uint32_t kstar = 0xffffffffu;
 	if (nb > 0)
-		kstar = sel_exact(nc, prefix16, mode, need, above, R, sm, L.sx_blk);
+		kstar = sel_exact(nc, prefix16, mode, need, above, R, sm);
 	else if (tid == 0)
 		sm.tie_max = 0;
 	__syncthreads();
@@ -6426,7 +6304,6 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (rc)
 		return rc;
 	L.lpt = lpt_of(a, L, many, false);
-	L.sx_blk = !!(a->flags & GPU_ATTN_SEL_EXACT_BLOCK);
 	if (!many) {
 		GPU_CK(cudaFuncSetAttribute(k_select, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					    (int)sizeof(struct sel_smem)));
@@ -6561,7 +6438,6 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 		if (rc)
 			return rc;
 		L.lpt = lpt_of(a, L, many, true);
-		L.sx_blk = !!(a->flags & GPU_ATTN_SEL_EXACT_BLOCK);
 		if (!many) {
 			GPU_CK(cudaFuncSetAttribute(k_select_quest,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -312,12 +312,6 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * for ~0.3 µs of instructions: gpu/NOTES.md, forty-second session).  The
  * output is the same bits either way. */
 #define GPU_ATTN_SEGROT_WARM 536870912u
-/* The select's exact cut (the cut-off key among the cut's 16-bit bin's
- * candidates) by the whole CTA at any count, the version before warp 0
- * alone took it where the candidates are SEL_WARP_NC (512) or fewer (two
- * radix passes of ~7 barriers each, for a few hundred candidates; attn.cu
- * sel_exact; kept to compare).  The selection is the same either way. */
-#define GPU_ATTN_SEL_EXACT_BLOCK 1073741824u
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads

@@ -1213,81 +1213,6 @@ Test(gpu, packed_segrot_warm, .timeout = 120)
 		gu_ctx_free(&c[h]);
 }
 
-#define SEL_WARP_NC 512 /* attn.cu: warp 0 alone cuts a bin of this many candidates or fewer */
-
-/* A step with flags @fl, then with @fl | GPU_ATTN_SEL_EXACT_BLOCK, each
- * on a poisoned scratch: the same cut in every context (gpu_ws_cut: the
- * key and the last tie taken), and each cut from a bin of 1 ..
- * SEL_WARP_NC candidates (the blocks past the sink whose keys share the
- * cut's top 16 bits: sel_exact's), so that the first step's cut was
- * warp 0's. */
-static void same_cut_warp_block(struct gu_ctx *c, struct run *r, uint64_t seed, uint32_t fl)
-{
-	uint32_t cut[MAXH][2];
-	for (int pass = 0; pass < 2; pass++) {
-		GU_CK(cudaMemset(r->ws, 0xff, r->a.ws_bytes));
-		r->a.flags = pass ? fl | GPU_ATTN_SEL_EXACT_BLOCK : fl;
-		cr_assert_eq(gpu_attend_packed(&r->a, r->dheads, 0), 0);
-		GU_CK(cudaDeviceSynchronize());
-		for (uint32_t h = 0; h < r->H; h++) {
-			uint32_t k[2];
-			GU_CK(cudaMemcpy(k, gpu_ws_cut(&r->a, h), 8, cudaMemcpyDeviceToHost));
-			if (!pass)
-				memcpy(cut[h], k, sizeof k);
-			cr_assert(k[0] == cut[h][0] && k[1] == cut[h][1],
-				  "seed %llu flags %#x head %u: cut %#x, last tie %u by the CTA; "
-				  "%#x, %u by warp 0",
-				  (unsigned long long)seed, fl, h, k[0], k[1], cut[h][0],
-				  cut[h][1]);
-		}
-	}
-	r->a.flags = g_flags;
-	for (uint32_t h = 0; h < r->H; h++) {
-		uint32_t nb = c[h].n_blocks, nc = 0;
-		float *sc = malloc(4 * (size_t)nb);
-		GU_CK(cudaMemcpy(sc, gpu_ws_scores(&r->a, h), 4 * (size_t)nb,
-				 cudaMemcpyDeviceToHost));
-		for (uint32_t j = 1; j < nb; j++)
-			nc += host_fkey(sc[j]) >> 16 == cut[h][0] >> 16;
-		cr_assert(nc >= 1 && nc <= SEL_WARP_NC,
-			  "seed %llu flags %#x head %u: %u candidates at the cut, not warp 0's",
-			  (unsigned long long)seed, fl, h, nc);
-		free(sc);
-	}
-}
-
-/* The select's exact cut by warp 0 (by default where the cut's bin holds
- * SEL_WARP_NC candidates or fewer, as here) and by the whole CTA
- * (GPU_ATTN_SEL_EXACT_BLOCK, the version before): the same cut and the
- * same bits, the many-CTA select's last CTA and the one-CTA select, the
- * attention CTAs ordered and in slot order, both orders of the two steps
- * on one scratch. */
-Test(gpu, packed_sel_exact_warp, .timeout = 120)
-{
-	GU_NEED_GPU();
-	uint64_t seed = gu_seed();
-	const uint32_t fl = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_256 |
-			    GPU_ATTN_PARTS_2,
-		       one = (fl & ~GPU_ATTN_SELECT_MANY_CTAS) | GPU_ATTN_SELECT_ONE_CTA,
-		       bl = GPU_ATTN_SEL_EXACT_BLOCK;
-	struct gu_ctx c[MAXH];
-	struct run r;
-	long_run(c, &r, seed, 0.1, fl);
-	same_cut_warp_block(c, &r, seed, fl);
-	same_cut_warp_block(c, &r, seed, one);
-	same_cut_warp_block(c, &r, seed, fl | GPU_ATTN_SLOT_ORDER);
-	same_bits(&r, seed, fl, fl | bl, "the exact cut by warp 0 and by the CTA");
-	same_bits(&r, seed, fl | bl, fl, "the exact cut by warp 0 and by the CTA (reversed)");
-	same_bits(&r, seed, one, one | bl, "the one-CTA select's cut by warp 0 and by the CTA");
-	same_bits(&r, seed, one | bl, one,
-		  "the one-CTA select's cut by warp 0 and by the CTA (reversed)");
-	same_bits(&r, seed, fl | GPU_ATTN_SLOT_ORDER | bl, fl | GPU_ATTN_SLOT_ORDER,
-		  "the exact cut by warp 0 and by the CTA in slot order");
-	run_free(&r);
-	for (uint32_t h = 0; h < LONG_H; h++)
-		gu_ctx_free(&c[h]);
-}
-
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
  * every head, and nothing out of bounds (compute-sanitizer memcheck). */
 Test(gpu, packed_small_rows_broken_promise)
@@ -1978,25 +1903,6 @@ Test(gpu, select_wide_scores_fine_global)
 	g_flags = GPU_ATTN_FINE_GLOBAL;
 	check_synth_select_w(65536, 16, 1, 1);
 }
-/* the exact cut by the whole CTA (GPU_ATTN_SEL_EXACT_BLOCK) where warp 0
- * takes it by default (a bin of SEL_WARP_NC candidates or fewer), against
- * the same references: the one-CTA select at 3,000 and 65,536 blocks,
- * wide scores, the many-CTA select's last CTA over 40 segments */
-Test(gpu, select_llama_shape_sxb)
-{
-	g_flags = GPU_ATTN_SEL_EXACT_BLOCK;
-	check_select(128, 4, 0.1, 16, 3000);
-}
-Test(gpu, select_1m_tokens_sxb)
-{
-	g_flags = GPU_ATTN_SEL_EXACT_BLOCK;
-	check_synth_select(65536, 16);
-}
-Test(gpu, select_wide_scores_sxb)
-{
-	g_flags = GPU_ATTN_SEL_EXACT_BLOCK;
-	check_synth_select_w(65536, 16, 1, 1);
-}
 /* eight contexts of 1M tokens (a wave of ~49 score CTAs a context, their
  * tables flushed into each context's histograms), and the same with
  * wide scores */
@@ -2038,11 +1944,6 @@ Test(gpu, select_1m_tokens_2stage)
 Test(gpu, select_40_segments_many_ctas_pre)
 {
 	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SCORE_PRE;
-	check_synth_select(64000, 40);
-}
-Test(gpu, select_40_segments_many_ctas_sxb)
-{
-	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SEL_EXACT_BLOCK;
 	check_synth_select(64000, 40);
 }
 /* the whole step with GPU_ATTN_SCORE_PRE, bf16 and 8-bit summaries */
@@ -2150,13 +2051,13 @@ static void cut_equals_list(struct run *r, uint32_t h, uint32_t nb, const struct
 }
 
 /*
- * The many-CTA select and the one-CTA select (with g_flags besides) make
- * the same selection and chunk list, bit for bit, on a freshly poisoned
- * scratch each time; the cut each leaves takes the same blocks
- * (cut_equals_list; @nbs: the heads' block counts), and so does the cut
- * of the stage run with GPU_ATTN_STAGE_CUT (which writes no list) and a
- * step's (@step: the heads have packed rows to attend).  Returns the
- * heads' total selected count.
+ * The many-CTA select and the one-CTA select make the same
+ * selection and chunk list, bit for bit, on a freshly poisoned scratch
+ * each time; the cut each leaves takes the same blocks (cut_equals_list;
+ * @nbs: the heads' block counts), and so does the cut of the stage run
+ * with GPU_ATTN_STAGE_CUT (which writes no list) and a step's (@step: the
+ * heads have packed rows to attend).  Returns the heads' total selected
+ * count.
  */
 static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed,
 			       const uint32_t *nbs, int step)
@@ -2165,7 +2066,7 @@ static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed,
 	uint64_t total = 0;
 	for (int pass = 0; pass < 2; pass++) {
 		GU_CK(cudaMemset(r->ws, 0xff, r->a.ws_bytes));
-		r->a.flags = g_flags | (pass ? GPU_ATTN_SELECT_ONE_CTA : GPU_ATTN_SELECT_MANY_CTAS);
+		r->a.flags = pass ? GPU_ATTN_SELECT_ONE_CTA : GPU_ATTN_SELECT_MANY_CTAS;
 		cr_assert_eq(gpu_score_select(&r->a, dheads, 0), 0);
 		GU_CK(cudaDeviceSynchronize());
 		for (uint32_t h = 0; h < r->H; h++) {
@@ -2295,9 +2196,8 @@ static int by_score_then_index(const void *pa, const void *pb)
  * summaries come in @groups patterns (synth_build), so that the cut falls
  * inside a pattern of nb / groups exactly equal scores, few enough for
  * the candidate buffer (SEL_CAP, 8,192) and, up to 2,048, for
- * sel_exact's list of ties (more: its loop over every candidate), and up
- * to 512 for warp 0's cut (SEL_WARP_NC).  The many-CTA and the one-CTA
- * select (with g_flags besides; lists and cuts) must take what the
+ * sel_exact's list of ties (more: its loop over every candidate).  The
+ * many-CTA and the one-CTA select (lists and cuts) must take what the
  * rule takes on the CPU's scores: the sink, then blocks by score and,
  * among equal scores, by index, while the tokens before stay under the
  * budget.
@@ -2342,7 +2242,7 @@ static void ties_at_cut(uint32_t nb, uint32_t groups, double frac)
 	cr_assert(tie_in > 1 && tie_out > 1, "seed %llu: %u ties taken, %u left",
 		  (unsigned long long)seed, tie_in, tie_out);
 	for (int pass = 0; pass < 2; pass++) {
-		r.a.flags = g_flags | (pass ? GPU_ATTN_SELECT_ONE_CTA : GPU_ATTN_SELECT_MANY_CTAS);
+		r.a.flags = pass ? GPU_ATTN_SELECT_ONE_CTA : GPU_ATTN_SELECT_MANY_CTAS;
 		GU_CK(cudaMemset(r.ws, 0xff, r.a.ws_bytes));
 		cr_assert_eq(gpu_score_select(&r.a, r.dheads, 0), 0);
 		GU_CK(cudaDeviceSynchronize());
@@ -2380,15 +2280,8 @@ static void ties_at_cut(uint32_t nb, uint32_t groups, double frac)
 	run_free(&r);
 }
 
-/* 512 ties in the cut's pattern and nothing else in its bin: warp 0's
- * cut (SEL_WARP_NC), and the whole CTA's (GPU_ATTN_SEL_EXACT_BLOCK) */
 Test(gpu, select_ties_at_cut) { ties_at_cut(4096, 8, 0.1); }
 Test(gpu, select_ties_at_cut_third_pattern) { ties_at_cut(4096, 8, 0.3); }
-Test(gpu, select_ties_at_cut_sxb)
-{
-	g_flags = GPU_ATTN_SEL_EXACT_BLOCK;
-	ties_at_cut(4096, 8, 0.1);
-}
 /* 4,096 ties: past sel_exact's list, within the candidate buffer */
 Test(gpu, select_ties_past_the_tie_list) { ties_at_cut(8192, 2, 0.1); }
 
