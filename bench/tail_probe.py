@@ -135,9 +135,7 @@ MOPEN_P = '''	TL_GUARD(2);
 	constexpr int NC = D / 4, G = MERGE_T / NC, NW = MERGE_T / 32;
 '''
 LAUNCH = '''		if (!(a->max_seg_blocks && a->max_seg_blocks <= cw && a->max_buf_blocks <= cw))
-			GPU_CK(gpu_launch(pdl_of(a),
-					  a->flags & GPU_ATTN_SEGROT_WARM ? k_segrot<NQ, D, true>
-									  : k_segrot<NQ, D, false>,
+			GPU_CK(gpu_launch(pdl_of(a), k_segrot<NQ, D>,
 					  dim3(a->max_segs + 1, a->n_heads), 128, 0, s, heads,
 					  (char *)a->ws, L));
 	}

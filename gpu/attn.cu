@@ -2388,28 +2388,22 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 	__syncthreads();
 	const uint32_t nbb = (bn + bb - 1) / bb;
 	const bool marks = (L.lpt & 2u) != 0u;
-	/* Warp-uniform trips: the lanes of a warp hold consecutive slots, and
-	 * the shared bins' atomics are made once a key a warp (match_any):
-	 * the keys crowd (a window's parts weigh alike, the idle slots all
-	 * fall in bin cw, runs of 32 of them past the last window), and lanes
-	 * adding to one shared word were serialized a lane at a time, twice
-	 * over every slot, in the one CTA the attention kernel waits for */
-	const uint32_t lane = tid & 31u, below = (1u << lane) - 1u;
-	for (uint32_t xb = tid - lane; xb < ns; xb += SEL_T) {
-		const uint32_t x = xb + lane;
-		uint32_t k = 0, si = 0xffffffffu;
+	for (uint32_t x = tid; x < ns; x += SEL_T) {
+		uint32_t k = 0;
 		bool mark = marks; /* k == 0 is then no work */
-		if (x >= ns) {
-			mark = false;
-		} else if (x < L.max_chunks) {
+		if (x < L.max_chunks) {
 			const uint32_t wx = x >> L.pl, part = x & (np1 - 1u);
 			if (wx < nw) {
 				const uint32_t n = wn[wx] & 1023u;
 				const uint32_t np = min(np1, (n + L.pb - 1) / L.pb);
 				k = part < np ? (part + 1) * n / np - part * n / np : 0u;
 				mark = marks && bound;
-				if (mark && k == 0 && src.segs)
-					si = wn[wx] >> 10; /* an empty part: its note counts it */
+				if (mark && k == 0 && src.segs) {
+					/* as packed_cta_work counts an empty part */
+					uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, wn[wx] >> 10);
+					atomicAdd(&note[0], 1u);
+					atomicMax(&note[1], ~x);
+				}
 			}
 		} else if (x < L.max_chunks + L.buf_chunks) {
 			const uint32_t b0 = (x - L.max_chunks) << src.cwl;
@@ -2419,23 +2413,8 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 			k = t0 < src.win_n ? (min(src.win_n - t0, (uint32_t)WIN_TILE) + 15) / 16 : 0u;
 		}
 		k = min(k, cw);
-		/* as packed_cta_work counts an empty part: the chunks attended
-		 * and the lowest slot, here a warp's run of a segment's empty
-		 * parts at once (slots rise with the lane: the run's lowest is
-		 * its first lane's) */
-		bool lead;
-		const uint32_t ne = bin_sum(si, 1u, true, si != 0xffffffffu, &lead);
-		if (lead) {
-			uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, si);
-			atomicAdd(&note[0], ne);
-			atomicMax(&note[1], ~x);
-		}
-		const uint32_t bin = x < ns ? cw - k : 0xffffffffu;
-		const uint32_t nk = bin_sum(bin, 1u, true, x < ns, &lead);
-		if (x < ns)
-			key[x] = k | (k == 0 && mark ? GPU_ORDER_IDLE : 0u);
-		if (lead)
-			atomicAdd(&bins[bin], nk);
+		key[x] = k | (k == 0 && mark ? GPU_ORDER_IDLE : 0u);
+		atomicAdd(&bins[cw - k], 1u);
 	}
 	__syncthreads();
 	if (tid < 32) { /* bins to offsets, the heaviest key first */
@@ -2451,20 +2430,9 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 		}
 	}
 	__syncthreads();
-	/* a key's lanes take consecutive ranks from one atomic of their
-	 * leader (in slot order within the warp) */
-	for (uint32_t xb = tid - lane; xb < ns; xb += SEL_T) {
-		const uint32_t x = xb + lane;
-		const uint32_t k = x < ns ? key[x] : 0u;
-		const uint32_t bin = x < ns ? cw - (k & ~GPU_ORDER_IDLE) : 0xffffffffu;
-		const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-		const uint32_t lead = (uint32_t)(__ffs(peers) - 1);
-		uint32_t base = 0;
-		if (x < ns && lane == lead)
-			base = atomicAdd(&bins[bin], (uint32_t)__popc(peers));
-		base = __shfl_sync(0xffffffffu, base, lead);
-		if (x < ns)
-			order[base + __popc(peers & below)] = x | (k & GPU_ORDER_IDLE);
+	for (uint32_t x = tid; x < ns; x += SEL_T) {
+		const uint32_t k = key[x];
+		order[atomicAdd(&bins[cw - (k & ~GPU_ORDER_IDLE)], 1u)] = x | (k & GPU_ORDER_IDLE);
 	}
 }
 
@@ -3299,7 +3267,7 @@ __device__ __forceinline__ void cta_copy_rv_swz(uint16_t *dst, const uint16_t *s
  * forty-second session: still more than its instructions explain).
  * Rows c >= vdk (garbage in R_v's buffer and in @orot) enter as zeros.
  */
-template <int NQ, int D, bool DRY_OK = false>
+template <int NQ, int D>
 static __device__ __forceinline__ void rotate_back_tc(const uint16_t *rv, const float *orot,
 						      uint32_t vdk, float *po)
 {
@@ -3367,8 +3335,6 @@ static __device__ __forceinline__ void rotate_back_tc(const uint16_t *rv, const 
 			for (int e = 0; e < 4; e++)
 				v[e] = acc[i][u][e] + __shfl_xor_sync(0xffffffffu, acc[i][u][e], 2);
 			const int h = 4 * u + 2 * tig;
-			if (DRY_OK && !po) /* a dry run (GPU_ATTN_SEGROT_WARM) */
-				continue;
 			if (tig < 2 && h < NQ) {
 				po[h * D + j] = v[0];
 				po[h * D + j + 8] = v[2];
@@ -5269,16 +5235,7 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
  * registers. */
 #define SR_U 8
 
-/* The rotation out of line, for GPU_ATTN_SEGROT_WARM: its dry run and the
- * real one are then the same instructions. */
 template <int NQ, int D>
-static __device__ __noinline__ void segrot_rotate(const uint16_t *rv, const float *orot,
-						  uint32_t vdk, float *po)
-{
-	rotate_back_tc<NQ, D, true>(rv, orot, vdk, po);
-}
-
-template <int NQ, int D, bool WARM = false>
 __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads, char *ws,
 						struct ws_layout L)
 {
@@ -5303,13 +5260,8 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 		return;
 	}
 	uint32_t vdk = sgp ? sgp->v_dk : 0;
-	if (sgp) { /* CTA-uniform */
-		if (WARM) {
-			segrot_rotate<NQ, D>(rv, orot, vdk, NULL);
-			__syncthreads(); /* the dry run's reads of rv before the copy's writes */
-		}
+	if (sgp)
 		cta_copy_rv_swz<D>(rv, sgp->v_rot, vdk);
-	}
 	pdl_wait();
 	const uint32_t *note = SEGNOTE(ws, L, gridDim.y, hi, si);
 	uint32_t n = __ldcg(&note[0]), xa = ~__ldcg(&note[1]);
@@ -5396,10 +5348,7 @@ __global__ void __launch_bounds__(128, 6) k_segrot(const struct gpu_head *heads,
 		pml0[((size_t)xa * NQ + h) * 2] = mh[h];
 		pml0[((size_t)xa * NQ + h) * 2 + 1] = lh[h];
 	}
-	if (WARM)
-		segrot_rotate<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
-	else
-		rotate_back_tc<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
+	rotate_back_tc<NQ, D>(rv, orot, vdk, po0 + (size_t)xa * NQ * D);
 }
 
 /* ------------------------------------------------------------------ */
@@ -5515,55 +5464,60 @@ __global__ void __launch_bounds__(MERGE_T) k_merge(uint32_t nq, char *ws, struct
 		merge_all<D>(po, pml, ns, nq, h, so, sm, sl, out);
 		return;
 	}
-	/* ---- the live slots, in slot order, with their weights and l ----
-	 * Thread t holds slots 4t .. 4t + 3 (a slot's (m, l) of every head
-	 * are 8 nq bytes: a warp's lanes read a sector each, as when lane t
-	 * held slots t + 1024k), so one scan places them:
-	 * the lane's live count scanned in the warp, the warps' counts and
-	 * maxima met at one barrier.  Four rounds of a ballot and a block
-	 * scan took eight barriers of the 1,024 threads. */
-	static_assert(MERGE_PRE == 4 && MERGE_T * MERGE_PRE >= MERGE_LIVE, "four slots a thread");
+	/* ---- the live slots, in slot order, with their m and l ---- */
 	float2 ml[MERGE_PRE];
-	uint32_t c = 0;
-	float mx = -INFINITY;
 #pragma unroll
 	for (int k = 0; k < MERGE_PRE; k++) {
-		uint32_t x = MERGE_PRE * threadIdx.x + k;
+		uint32_t x = threadIdx.x + MERGE_T * k;
 		ml[k] = x < ns ? __ldg((const float2 *)(pml + ((size_t)x * nq + h) * 2))
 			       : make_float2(0.0f, 0.0f);
 	}
+	uint32_t nlive = 0;
+	float mx = -INFINITY;
 #pragma unroll
-	for (int k = 0; k < MERGE_PRE; k++)
-		if (ml[k].y > 0.0f) {
-			c++;
-			mx = fmaxf(mx, ml[k].x);
+	for (int k = 0; k < MERGE_PRE; k++) {
+		if (MERGE_T * k >= ns) /* CTA-uniform */
+			break;
+		const bool live = ml[k].y > 0.0f;
+		const uint32_t bal = __ballot_sync(0xffffffffu, live);
+		if (lane == 0)
+			wcnt[wid] = __popc(bal);
+		__syncthreads();
+		uint32_t c = lane < NW ? wcnt[lane] : 0u, inc = c;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			uint32_t v = __shfl_up_sync(0xffffffffu, inc, o);
+			if (lane >= (uint32_t)o)
+				inc += v;
 		}
-	const uint32_t inc = warp_incl_scan(c);
-	for (int o = 16; o > 0; o >>= 1)
-		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-	if (lane == 31)
-		wcnt[wid] = inc;
-	if (lane == 0)
-		wmax[wid] = mx;
-	__syncthreads();
-	const uint32_t wc = lane < NW ? wcnt[lane] : 0u, winc = warp_incl_scan(wc);
-	const uint32_t nlive = __shfl_sync(0xffffffffu, winc, 31);
+		const uint32_t before = __shfl_sync(0xffffffffu, inc - c, wid);
+		const uint32_t tot = __shfl_sync(0xffffffffu, inc, 31);
+		const uint32_t at = nlive + before + __popc(bal & ((1u << lane) - 1u));
+		if (live && at < MERGE_LIVE) {
+			lv[at] = threadIdx.x + MERGE_T * k;
+			lm[at] = ml[k].x;
+			lw[at] = ml[k].y;
+		}
+		if (live)
+			mx = fmaxf(mx, ml[k].x);
+		nlive += tot;
+		__syncthreads(); /* wcnt is read before the next round writes it */
+	}
 	if (nlive > MERGE_LIVE) { /* CTA-uniform */
 		merge_all<D>(po, pml, ns, nq, h, so, sm, sl, out);
 		return;
 	}
+	for (int o = 16; o > 0; o >>= 1)
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+	if (lane == 0)
+		wmax[wid] = mx;
+	__syncthreads();
 	float M = -INFINITY;
 	for (int k = 0; k < NW; k++)
 		M = fmaxf(M, wmax[k]);
-	uint32_t at = __shfl_sync(0xffffffffu, winc - wc, wid) + inc - c;
-#pragma unroll
-	for (int k = 0; k < MERGE_PRE; k++)
-		if (ml[k].y > 0.0f) {
-			lv[at] = MERGE_PRE * threadIdx.x + k;
-			lm[at] = exp2f(ml[k].x - M);
-			lw[at] = ml[k].y;
-			at++;
-		}
+	/* each live slot's weight (lm: m, then the weight; lw: l) */
+	for (uint32_t i = threadIdx.x; i < nlive; i += MERGE_T)
+		lm[i] = exp2f(lm[i] - M);
 	__syncthreads();
 	/* ---- the values: thread (q4, g) takes live slots g, g + G, ... ---- */
 	const uint32_t q4 = threadIdx.x % NC, g = threadIdx.x / NC;
@@ -6360,9 +6314,7 @@ static int launch_packed(const struct gpu_attn_args *a, const struct gpu_head *h
 		/* every segment in one chunk (seg_whole): nothing left for k_segrot */
 		const uint32_t cw = 1u << L.cwl;
 		if (!(a->max_seg_blocks && a->max_seg_blocks <= cw && a->max_buf_blocks <= cw))
-			GPU_CK(gpu_launch(pdl_of(a),
-					  a->flags & GPU_ATTN_SEGROT_WARM ? k_segrot<NQ, D, true>
-									  : k_segrot<NQ, D, false>,
+			GPU_CK(gpu_launch(pdl_of(a), k_segrot<NQ, D>,
 					  dim3(a->max_segs + 1, a->n_heads), 128, 0, s, heads,
 					  (char *)a->ws, L));
 	}

@@ -305,13 +305,6 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * end (attn.cu hist_add_ht); kept to compare.  The histograms, and so
  * the selection, are the same either way. */
 #define GPU_ATTN_FINE_GLOBAL 268435456u
-/* k_segrot runs its rotation once dry (no stores, on whatever its
- * shared memory holds) before it waits for the attention kernel, so that
- * the rotation's code is in its SM's instruction cache when the real one
- * runs (a test of why a CTA's rotation takes 1.3-1.8 µs past its barrier
- * for ~0.3 µs of instructions: gpu/NOTES.md, forty-second session).  The
- * output is the same bits either way. */
-#define GPU_ATTN_SEGROT_WARM 536870912u
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads

@@ -1190,29 +1190,6 @@ Test(gpu, packed_lpt_order_serial_tail, .timeout = 120)
 	check_lpt_order(GPU_ATTN_SEL_TAIL_SERIAL);
 }
 
-/* k_segrot with its rotation run once dry before its wait
- * (GPU_ATTN_SEGROT_WARM: no stores, on whatever its shared memory holds)
- * gives the same bits as without, on segments of ~1,250 blocks over
- * chunks of 256 (every segment through k_segrot), both orders of the two
- * steps on one scratch. */
-Test(gpu, packed_segrot_warm, .timeout = 120)
-{
-	GU_NEED_GPU();
-	uint64_t seed = gu_seed();
-	const uint32_t fl = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_256 |
-			    GPU_ATTN_PARTS_2;
-	struct gu_ctx c[MAXH];
-	struct run r;
-	long_run(c, &r, seed, 0.1, fl);
-	same_bits(&r, seed, fl, fl | GPU_ATTN_SEGROT_WARM, "k_segrot warmed and not");
-	same_bits(&r, seed, fl | GPU_ATTN_SEGROT_WARM, fl, "k_segrot warmed and not (reversed)");
-	same_bits(&r, seed, fl | GPU_ATTN_SLOT_ORDER | GPU_ATTN_SEGROT_WARM, fl,
-		  "k_segrot warmed in slot order and not");
-	run_free(&r);
-	for (uint32_t h = 0; h < LONG_H; h++)
-		gu_ctx_free(&c[h]);
-}
-
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
  * every head, and nothing out of bounds (compute-sanitizer memcheck). */
 Test(gpu, packed_small_rows_broken_promise)
