@@ -49,6 +49,18 @@
  *             histogram global, two and three stages forced, and over
  *             8-bit summaries by default and with the fine histogram
  *             global)
+ *             [--pair F1,F2,... [--pair-rounds N]] (paired A/B, nothing
+ *             else: per shape and flag set F, ours (A) against ours with
+ *             the gpu_attn_args flags F added (B; hex with 0x), in N
+ *             rounds (default 51) of one run each, the order alternating
+ *             a round, each from a cold L2; prints both medians and the
+ *             median of the rounds' differences B - A with its quartiles
+ *             and how many rounds B was slower.  The columns of the table
+ *             below are timed one after another, so a clock that drifts
+ *             between them moves their medians apart: up to 2.7 µs at 1M
+ *             between three columns of the same code in one run (H100,
+ *             docs/PERF.md, forty-fourth session); a round's difference
+ *             sees the same clock for both)
  */
 #include <errno.h>
 #include <math.h>
@@ -809,6 +821,80 @@ static void bench_encode(const struct slabs *s, struct enc_res *r)
 	free(w);
 }
 
+/* --pair: the flags added to ours' for B (bench-only state, as st). */
+static uint32_t pair_fl;
+static int f_packed_pair(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
+{
+	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | pair_fl);
+}
+
+static int cmpd(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* One cold-L2 replay of @g, µs. */
+static double run_once(cudaGraphExec_t g, int i)
+{
+	CK(cudaMemsetAsync(flushbuf, i, FLUSH_BYTES, st));
+	CK(cudaEventRecord(ev0, st));
+	CK(cudaGraphLaunch(g, st));
+	CK(cudaEventRecord(ev1, st));
+	CK(cudaEventSynchronize(ev1));
+	float ms;
+	CK(cudaEventElapsedTime(&ms, ev0, ev1));
+	return 1000.0 * ms;
+}
+
+/*
+ * ours (A) against ours with @fl added (B) on the heads of @a, @n rounds
+ * after two discarded: a round runs both, A first in even rounds and B
+ * first in odd ones.  Prints a line; returns the median of B - A (µs).
+ */
+static double pair_run(const struct gpu_attn_args *a, const void *heads, uint32_t fl, int n,
+		       uint32_t batch, uint32_t ctx)
+{
+	pair_fl = fl;
+	cudaGraphExec_t ga = capture(f_packed, a, heads), gb = capture(f_packed_pair, a, heads);
+	double *ta = malloc(sizeof(double) * n), *tb = malloc(sizeof(double) * n),
+	       *dd = malloc(sizeof(double) * n);
+	if (!ta || !tb || !dd) {
+		fprintf(stderr, "attn: out of memory\n");
+		exit(1);
+	}
+	int slower = 0;
+	for (int i = -2; i < n; i++) {
+		double x, y;
+		if (i & 1) {
+			y = run_once(gb, 2 * i);
+			x = run_once(ga, 2 * i + 1);
+		} else {
+			x = run_once(ga, 2 * i);
+			y = run_once(gb, 2 * i + 1);
+		}
+		if (i < 0)
+			continue;
+		ta[i] = x;
+		tb[i] = y;
+		dd[i] = y - x;
+		slower += y > x;
+	}
+	qsort(ta, n, sizeof(double), cmpd);
+	qsort(tb, n, sizeof(double), cmpd);
+	qsort(dd, n, sizeof(double), cmpd);
+	double med = dd[n / 2];
+	printf("pair batch %u context %u flags %#x: A %.1f us, B %.1f us (medians); B - A median "
+	       "%+.2f us, quartiles %+.2f .. %+.2f; B slower in %d of %d rounds\n",
+	       batch, ctx, fl, ta[n / 2], tb[n / 2], med, dd[n / 4], dd[(3 * n) / 4], slower, n);
+	CK(cudaGraphExecDestroy(ga));
+	CK(cudaGraphExecDestroy(gb));
+	free(ta);
+	free(tb);
+	free(dd);
+	return med;
+}
+
 static int parse_list(const char *s, unsigned *out, int cap)
 {
 	int n = 0;
@@ -829,6 +915,8 @@ int main(int argc, char **argv)
 	int once = 0; /* --once 1: one call of each contender, no timing (profilers) */
 	int split = 0; /* --split 1: also time ours' score stage cut short */
 	int score_only = 0; /* --score-only 1: only the score stage cut after the score */
+	uint32_t pairs[8];
+	int npair = 0, pair_rounds = 51;
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--sdpa"))
 			sdpa_path = argv[i + 1];
@@ -844,9 +932,32 @@ int main(int argc, char **argv)
 			split = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--score-only"))
 			score_only = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--pair")) {
+			const char *p = argv[i + 1];
+			char *e;
+			while (*p && npair < 8) {
+				unsigned long v = strtoul(p, &e, 0);
+				if (e == p || v > UINT32_MAX) {
+					fprintf(stderr, "attn: --pair takes flags, e.g. 0x20000000,64\n");
+					return 2;
+				}
+				pairs[npair++] = (uint32_t)v;
+				p = *e == ',' ? e + 1 : e;
+			}
+		} else if (!strcmp(argv[i], "--pair-rounds")) {
+			pair_rounds = atoi(argv[i + 1]);
+			if (pair_rounds < 4 || pair_rounds > 100000) {
+				fprintf(stderr, "attn: --pair-rounds between 4 and 100000\n");
+				return 2;
+			}
+		}
 	}
 	if (sdpa_path)
 		read_sdpa(sdpa_path);
+	if (gpu_device_ok() <= 0 && npair) {
+		printf("attn: no usable CUDA device\nRESULT name=attn_pair pairs=0\n");
+		return 0;
+	}
 	if (gpu_device_ok() <= 0) {
 		printf("attn: no usable CUDA device\n");
 		printf("RESULT name=attn speedup_dense_1m=nan speedup_quest_1m=nan "
@@ -918,22 +1029,25 @@ int main(int argc, char **argv)
 	amax.ws_bytes = wsb;
 	RC(gpu_attn_ws_init(&amax, st));
 
-	printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-	       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | "
-	       "%9s %9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s "
-	       "%9s | %9s %9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | "
-	       "%9s %9s %9s %9s | %9s %9s %9s %9s\n",
-	       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
-	       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
-	       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
-	       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl", "ours_pos", "pos_128",
-	       "pos_512", "ours_s8", "os_s8", "pos_s8", "x_sc_s8", "ps8_ma", "oscut", "qscut",
-	       "os8cut", "x_sccut", "x_s8cut", "ours_p1", "ours_p2", "ours_p4", "ps8_p1", "quest_p2",
-	       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni", "ours_fma", "os_fma",
-	       "qs_fma", "ours_g2", "g2_s8", "x_d_g2", "bwf_g2", "g2_512", "g28_512", "ours_cm",
-	       "os_cm", "g28_cm", "ours_pre", "os_pre", "g28_pre", "ours_sts", "g28_sts", "ours_mny",
-	       "g28_mny", "ours_mso", "ours_mni", "ours_mfl", "ours_ofl", "ours_2st", "os_2st",
-	       "ours_3st", "os_3st", "ours_fg", "os_fg", "os8_fg", "g28_fg");
+	char pres[2048] = "";
+	int npres = 0;
+	if (!npair) /* the table's header (the paired mode prints none) */
+		printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
+		       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | "
+		       "%9s %9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s "
+		       "%9s | %9s %9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | "
+		       "%9s %9s %9s %9s | %9s %9s %9s %9s\n",
+		       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
+		       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
+		       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
+		       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl", "ours_pos", "pos_128",
+		       "pos_512", "ours_s8", "os_s8", "pos_s8", "x_sc_s8", "ps8_ma", "oscut", "qscut",
+		       "os8cut", "x_sccut", "x_s8cut", "ours_p1", "ours_p2", "ours_p4", "ps8_p1", "quest_p2",
+		       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni", "ours_fma", "os_fma",
+		       "qs_fma", "ours_g2", "g2_s8", "x_d_g2", "bwf_g2", "g2_512", "g28_512", "ours_cm",
+		       "os_cm", "g28_cm", "ours_pre", "os_pre", "g28_pre", "ours_sts", "g28_sts", "ours_mny",
+		       "g28_mny", "ours_mso", "ours_mni", "ours_mfl", "ours_ofl", "ours_2st", "os_2st",
+		       "ours_3st", "os_3st", "ours_fg", "os_fg", "os8_fg", "g28_fg");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
 	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
@@ -951,6 +1065,17 @@ int main(int argc, char **argv)
 			a.max_blocks = L / BB;
 			a.ws = ws;
 			a.ws_bytes = wsb;
+			if (npair) {
+				for (int k = 0; k < npair; k++) {
+					double m = pair_run(&a, dheads, pairs[k], pair_rounds, B, L);
+					size_t u = strlen(pres);
+					if (u + 64 < sizeof pres)
+						snprintf(pres + u, sizeof pres - u, " diff_us_b%u_%u_%#x=%.2f",
+							 B, L, pairs[k], m);
+					npres++;
+				}
+				continue;
+			}
 			if (once == 3) { /* ours_mny, ours_mso, ours_mfl (ncu, cta_probe) */
 				RC(f_packed_many(&a, dheads, st));
 				RC(f_packed_many_so(&a, dheads, st));
@@ -1280,6 +1405,11 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_qs);
 			cudaGraphExecDestroy(g_d);
 		}
+	}
+	if (npair) {
+		/* the paired mode times nothing else */
+		printf("RESULT name=attn_pair pairs=%d rounds=%d%s\n", npres, pair_rounds, pres);
+		return 0;
 	}
 	printf("(ours = PackedAttention, products on the tensor cores; ours_cc = the same on CUDA "
 	       "cores only; oscore / qscore = score+select stages alone; x_dense = dense/ours, "
