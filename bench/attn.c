@@ -121,24 +121,37 @@ static int cmpf(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* Median µs of REPS cold-L2 replays of @g. */
+static int cmpd(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* One replay of @g, µs, from a cold L2 if @flush (@i: the memset's byte). */
+static double run_once(cudaGraphExec_t g, int flush, int i)
+{
+	if (flush)
+		CK(cudaMemsetAsync(flushbuf, i, FLUSH_BYTES, st));
+	CK(cudaEventRecord(ev0, st));
+	CK(cudaGraphLaunch(g, st));
+	CK(cudaEventRecord(ev1, st));
+	CK(cudaEventSynchronize(ev1));
+	float ms;
+	CK(cudaEventElapsedTime(&ms, ev0, ev1));
+	return 1000.0 * ms;
+}
+
+/* Median µs of REPS replays of @g (cold-L2 ones if @flush). */
 static double time_graph(cudaGraphExec_t g, int flush)
 {
-	float t[REPS];
+	double t[REPS];
 	for (int i = 0; i < REPS + 2; i++) {
-		if (flush)
-			CK(cudaMemsetAsync(flushbuf, i, FLUSH_BYTES, st));
-		CK(cudaEventRecord(ev0, st));
-		CK(cudaGraphLaunch(g, st));
-		CK(cudaEventRecord(ev1, st));
-		CK(cudaEventSynchronize(ev1));
-		float ms;
-		CK(cudaEventElapsedTime(&ms, ev0, ev1));
+		double x = run_once(g, flush, i);
 		if (i >= 2)
-			t[i - 2] = ms;
+			t[i - 2] = x;
 	}
-	qsort(t, REPS, sizeof(float), cmpf);
-	return 1000.0 * t[REPS / 2];
+	qsort(t, REPS, sizeof(double), cmpd);
+	return t[REPS / 2];
 }
 
 typedef int (*step_fn)(const struct gpu_attn_args *, const void *, cudaStream_t);
@@ -828,25 +841,6 @@ static int f_packed_pair(const struct gpu_attn_args *a, const void *h, cudaStrea
 	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | pair_fl);
 }
 
-static int cmpd(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-/* One cold-L2 replay of @g, µs. */
-static double run_once(cudaGraphExec_t g, int i)
-{
-	CK(cudaMemsetAsync(flushbuf, i, FLUSH_BYTES, st));
-	CK(cudaEventRecord(ev0, st));
-	CK(cudaGraphLaunch(g, st));
-	CK(cudaEventRecord(ev1, st));
-	CK(cudaEventSynchronize(ev1));
-	float ms;
-	CK(cudaEventElapsedTime(&ms, ev0, ev1));
-	return 1000.0 * ms;
-}
-
 /*
  * ours (A) against ours with @fl added (B) on the heads of @a, @n rounds
  * after two discarded: a round runs both, A first in even rounds and B
@@ -867,11 +861,11 @@ static double pair_run(const struct gpu_attn_args *a, const void *heads, uint32_
 	for (int i = -2; i < n; i++) {
 		double x, y;
 		if (i & 1) {
-			y = run_once(gb, 2 * i);
-			x = run_once(ga, 2 * i + 1);
+			y = run_once(gb, 1, 2 * i);
+			x = run_once(ga, 1, 2 * i + 1);
 		} else {
-			x = run_once(ga, 2 * i);
-			y = run_once(gb, 2 * i + 1);
+			x = run_once(ga, 1, 2 * i);
+			y = run_once(gb, 1, 2 * i + 1);
 		}
 		if (i < 0)
 			continue;
