@@ -51,7 +51,8 @@
  *             global)
  *             [--pair F1,F2,... [--pair-rounds N]] (paired A/B, nothing
  *             else: per shape and flag set F, ours (A) against ours with
- *             the gpu_attn_args flags F added (B; hex with 0x), in N
+ *             the gpu_attn_args flags F added (B: a number, 0x for hex,
+ *             or GPU_ATTN_ names without the prefix joined by '+'), in N
  *             rounds (default 51) of one run each, the order alternating
  *             a round, each from a cold L2; prints both medians and the
  *             median of the rounds' differences B - A with its quartiles
@@ -889,6 +890,74 @@ static double pair_run(const struct gpu_attn_args *a, const void *heads, uint32_
 	return med;
 }
 
+/* --pair's flag sets: a number (0x.. for hex) or a GPU_ATTN_* name
+ * without its prefix, several joined by '+' (e.g. SLOT_ORDER+NO_IDLE). */
+static const struct {
+	const char *name;
+	uint32_t v;
+} flag_names[] = {
+	{"CUDA_CORES", GPU_ATTN_CUDA_CORES},
+	{"SCATTER", GPU_ATTN_SCATTER},
+	{"WALK", GPU_ATTN_WALK},
+	{"SMALL_ROWS", GPU_ATTN_SMALL_ROWS},
+	{"NO_PDL", GPU_ATTN_NO_PDL},
+	{"CHUNK_256", GPU_ATTN_CHUNK_256},
+	{"CHUNK_512", GPU_ATTN_CHUNK_512},
+	{"CHUNK_64", GPU_ATTN_CHUNK_64},
+	{"CHUNK_128", GPU_ATTN_CHUNK_128},
+	{"SELECT_LIST", GPU_ATTN_SELECT_LIST},
+	{"MERGE_ALL", GPU_ATTN_MERGE_ALL},
+	{"STAGE_CUT", GPU_ATTN_STAGE_CUT},
+	{"PARTS_1", GPU_ATTN_PARTS_1},
+	{"PARTS_2", GPU_ATTN_PARTS_2},
+	{"PARTS_4", GPU_ATTN_PARTS_4},
+	{"PART_64", GPU_ATTN_PART_64},
+	{"NO_IDLE", GPU_ATTN_NO_IDLE},
+	{"SCORE_FMA", GPU_ATTN_SCORE_FMA},
+	{"CLEAR_MEMSET", GPU_ATTN_CLEAR_MEMSET},
+	{"SCORE_PRE", GPU_ATTN_SCORE_PRE},
+	{"SEL_TAIL_SERIAL", GPU_ATTN_SEL_TAIL_SERIAL},
+	{"SELECT_ONE_CTA", GPU_ATTN_SELECT_ONE_CTA},
+	{"SELECT_MANY_CTAS", GPU_ATTN_SELECT_MANY_CTAS},
+	{"SLOT_ORDER", GPU_ATTN_SLOT_ORDER},
+	{"WORK_ORDER", GPU_ATTN_WORK_ORDER},
+	{"ORDER_FLAT", GPU_ATTN_ORDER_FLAT},
+	{"SCORE_2STAGE", GPU_ATTN_SCORE_2STAGE},
+	{"SCORE_3STAGE", GPU_ATTN_SCORE_3STAGE},
+	{"FINE_GLOBAL", GPU_ATTN_FINE_GLOBAL},
+};
+
+/* The flag set in @p up to ',' or the end into *@out; returns the end, or
+ * NULL for a token that is neither a number nor a name. */
+static const char *parse_flags(const char *p, uint32_t *out)
+{
+	uint32_t f = 0;
+	for (;;) {
+		size_t n = strcspn(p, "+,");
+		char *e;
+		unsigned long v = strtoul(p, &e, 0);
+		if (n == 0)
+			return NULL;
+		if (e == p + n && v <= UINT32_MAX) {
+			f |= (uint32_t)v;
+		} else {
+			size_t k = 0, nn = sizeof flag_names / sizeof flag_names[0];
+			while (k < nn && (strlen(flag_names[k].name) != n ||
+					  strncmp(flag_names[k].name, p, n)))
+				k++;
+			if (k == nn)
+				return NULL;
+			f |= flag_names[k].v;
+		}
+		p += n;
+		if (*p != '+')
+			break;
+		p++;
+	}
+	*out = f;
+	return p;
+}
+
 static int parse_list(const char *s, unsigned *out, int cap)
 {
 	int n = 0;
@@ -928,15 +997,17 @@ int main(int argc, char **argv)
 			score_only = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--pair")) {
 			const char *p = argv[i + 1];
-			char *e;
 			while (*p && npair < 8) {
-				unsigned long v = strtoul(p, &e, 0);
-				if (e == p || v > UINT32_MAX) {
-					fprintf(stderr, "attn: --pair takes flags, e.g. 0x20000000,64\n");
+				p = parse_flags(p, &pairs[npair]);
+				if (!p) {
+					fprintf(stderr, "attn: --pair takes flag sets, numbers or "
+							"GPU_ATTN_ names without the prefix joined "
+							"by '+', e.g. 0,SEL_TAIL_SERIAL,SLOT_ORDER+NO_IDLE\n");
 					return 2;
 				}
-				pairs[npair++] = (uint32_t)v;
-				p = *e == ',' ? e + 1 : e;
+				npair++;
+				if (*p == ',')
+					p++;
 			}
 		} else if (!strcmp(argv[i], "--pair-rounds")) {
 			pair_rounds = atoi(argv[i + 1]);
