@@ -1009,6 +1009,10 @@ int main(int argc, char **argv)
 				if (*p == ',')
 					p++;
 			}
+			if (*p) {
+				fprintf(stderr, "attn: --pair takes at most 8 flag sets\n");
+				return 2;
+			}
 		} else if (!strcmp(argv[i], "--pair-rounds")) {
 			pair_rounds = atoi(argv[i + 1]);
 			if (pair_rounds < 4 || pair_rounds > 100000) {
