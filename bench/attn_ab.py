@@ -10,7 +10,9 @@ two score stages (their ratios to ours_us mean nothing: read their
 values), the one-run leads of the thirty-fourth session (wider chunks,
 one slot a window) and Quest; since the thirty-sixth session the clear's
 memset node beside it (ours_cm, os_cm, g28_cm) and the score kernel
-with its early loads (ours_pre, os_pre, g28_pre: GPU_ATTN_SCORE_PRE); since
+without its early loads (ours_lt, os_lt, g28_lt: GPU_ATTN_SCORE_LATE, since
+the forty-fifth session; they were the flag's columns ours_pre, os_pre,
+g28_pre before the early loads became the default); since
 the thirty-seventh the select's tail in its serial order (ours_sts,
 g28_sts: GPU_ATTN_SEL_TAIL_SERIAL) and the many-CTA select forced where
 the step takes the one-CTA select (ours_mny, g28_mny, beside the stage's
@@ -23,7 +25,7 @@ beside ours_us, oscore, os_s8 and g2_s8)."""
 import sys
 
 DEFAULT = ["ours_us", "ours_fg", "oscore", "os_fg", "os_s8", "os8_fg", "g2_s8", "g28_fg", "ours_2st",
-           "ours_3st", "os_2st", "os_3st", "ours_g2", "ours_mny", "ours_pre", "os_1cta", "os_many",
+           "ours_3st", "os_2st", "os_3st", "ours_g2", "ours_mny", "ours_lt", "os_1cta", "os_many",
            "quest_us"]
 
 

@@ -52,7 +52,7 @@
  * weight directly. */
 #define HT_SLOTS (HIST_HI / 2)
 #define HT_PROBES 8
-#define SCORE_OPT_PRE 1u         /* k_score's @opt: GPU_ATTN_SCORE_PRE */
+#define SCORE_OPT_PRE 1u         /* k_score's @opt: early loads (no GPU_ATTN_SCORE_LATE) */
 #define SCORE_OPT_FINE_GLOBAL 2u /* GPU_ATTN_FINE_GLOBAL */
 #define DENSE_T 1024   /* dense-kernel tokens per CTA */
 #define NQP(nq) ((nq) == 3 ? 4 : (nq))
@@ -1363,7 +1363,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	static_assert(sizeof(sm.ht) == sizeof(sm.hi), "the table where the coarse bins were");
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
 		sm.hi[i] = 0; /* or the table's keys and counts */
-	/* prologue.  @pre (GPU_ATTN_SCORE_PRE): the first two tiles'
+	/* prologue.  @pre (the default; not with GPU_ATTN_SCORE_LATE): the first two tiles'
 	 * descriptors are built here (score_tile_of, the segment by a search
 	 * in the caller's table, as k_qrot builds them) and their summaries
 	 * issued into both stages before the programmatic-launch wait, so
@@ -6245,7 +6245,7 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 			if ((rc = score_grid<NQ, 3>(a, score, &K, &gx, &smem)))
 				return rc;
 		}
-		uint32_t opt = (!st3 && (a->flags & GPU_ATTN_SCORE_PRE)) ? SCORE_OPT_PRE : 0u;
+		uint32_t opt = (!st3 && !(a->flags & GPU_ATTN_SCORE_LATE)) ? SCORE_OPT_PRE : 0u;
 		if (a->flags & GPU_ATTN_FINE_GLOBAL)
 			opt |= SCORE_OPT_FINE_GLOBAL;
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,

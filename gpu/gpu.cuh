@@ -248,15 +248,17 @@ struct gpu_attn_args {
  * the first kernel (the version before k_qrot cleared them itself, a
  * slice a CTA, one launch fewer in the step's chain; kept to compare). */
 #define GPU_ATTN_CLEAR_MEMSET 4194304u
-/* Each score CTA builds its first two tiles' descriptors and issues their
- * summaries before it waits for k_qrot (by default it waits before it
- * builds or loads anything).  Not the default: on the H100 (thirty-sixth
- * session, three runs) the step at 512K tokens, batch 1, was 3 % faster
- * with it and at 256K 3-4 % slower, at 1M the same (why 256K loses is
- * open: not DRAM shared with k_qrot's loads, since holding the score
- * kernel's launch until k_qrot's rotations had arrived lost as well,
- * thirty-seventh session); kept to measure on other shapes and cards. */
-#define GPU_ATTN_SCORE_PRE 8388608u
+/* Each score CTA waits for k_qrot before it builds or loads anything, the
+ * version before the early loads became the default (two-stage score
+ * kernel: each CTA builds its first two tiles' descriptors and issues
+ * their summaries before it waits, so that where it is resident while
+ * k_qrot runs those bytes arrive meanwhile).  Why the early loads: paired
+ * on an H100 (forty-fifth session, bench/attn --pair, the median of 51
+ * rounds' differences), the step at batch 1 with them was 1.8 µs faster
+ * at 128K tokens, 5.6 at 512K, 1.2 at 1M, and 0.6 slower at 256K, inside
+ * that context's noise (the thirty-sixth session's bench columns had
+ * 256K 3-4 % slower).  Kept to compare. */
+#define GPU_ATTN_SCORE_LATE 536870912u
 /* The many-CTA select's last CTA loads the order's windows and the
  * per-CTA counts after its exact cut, as before the thirty-seventh
  * session (by default beside the candidates, before the cut). */
@@ -297,7 +299,7 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * GPU_ATTN_SCORE_2STAGE three where the two-stage grid gives each CTA
  * eight tiles or more (attn.cu score_three_stages: many contexts, long
  * ones); never with GPU_ATTN_SCORE_FMA, and three stages take no early
- * loads (GPU_ATTN_SCORE_PRE). */
+ * loads (GPU_ATTN_SCORE_LATE). */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
 /* The score kernel's fine histogram (the cut's 16-bit bins) added to
  * global memory by every warp as it scores a tile, the version before

@@ -1891,25 +1891,26 @@ Test(gpu, select_1m_tokens_fine_global)
 	check_synth_select(65536, 16);
 }
 /* Segments past 32 and past 1,024, segments not a whole number of score
- * tiles (rows past a tile's segment); with GPU_ATTN_SCORE_PRE k_score
- * finds its first tiles' segments itself (seg_of_block_warp: one sample
- * round, then two, then a search within the sampled range) and builds
- * their descriptors as k_qrot does. */
+ * tiles (rows past a tile's segment); k_score finds its first tiles'
+ * segments itself (seg_of_block_warp: one sample round, then two, then a
+ * search within the sampled range) and builds their descriptors as
+ * k_qrot does, or with GPU_ATTN_SCORE_LATE takes them all from k_qrot's
+ * table after its wait. */
 Test(gpu, select_40_segments) { check_synth_select(64000, 40); }
 Test(gpu, select_1030_segments) { check_synth_select(65920, 1030); }
-Test(gpu, select_16_segments_pre)
+Test(gpu, select_16_segments_late)
 {
-	g_flags = GPU_ATTN_SCORE_PRE;
+	g_flags = GPU_ATTN_SCORE_LATE;
 	check_synth_select(65536, 16);
 }
-Test(gpu, select_40_segments_pre)
+Test(gpu, select_40_segments_late)
 {
-	g_flags = GPU_ATTN_SCORE_PRE;
+	g_flags = GPU_ATTN_SCORE_LATE;
 	check_synth_select(64000, 40);
 }
-Test(gpu, select_1030_segments_pre)
+Test(gpu, select_1030_segments_late)
 {
-	g_flags = GPU_ATTN_SCORE_PRE;
+	g_flags = GPU_ATTN_SCORE_LATE;
 	check_synth_select(65920, 1030);
 }
 /* two stages forced (GPU_ATTN_SCORE_2STAGE) over 1M tokens */
@@ -1918,15 +1919,15 @@ Test(gpu, select_1m_tokens_2stage)
 	g_flags = GPU_ATTN_SCORE_2STAGE;
 	check_synth_select(65536, 16);
 }
-Test(gpu, select_40_segments_many_ctas_pre)
+Test(gpu, select_40_segments_many_ctas_late)
 {
-	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SCORE_PRE;
+	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SCORE_LATE;
 	check_synth_select(64000, 40);
 }
-/* the whole step with GPU_ATTN_SCORE_PRE, bf16 and 8-bit summaries */
-Test(gpu, packed_small_llama_shape_pre)
+/* the whole step with GPU_ATTN_SCORE_LATE, bf16 and 8-bit summaries */
+Test(gpu, packed_small_llama_shape_late)
 {
-	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_PRE;
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_LATE;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
 /* the score kernel's three stages (GPU_ATTN_SCORE_3STAGE): a context of
@@ -1968,9 +1969,9 @@ Test(gpu, packed_sum8_llama_shape_3stage)
 	g_sum8 = ~0u;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
-Test(gpu, packed_sum8_llama_shape_pre)
+Test(gpu, packed_sum8_llama_shape_late)
 {
-	g_flags = GPU_ATTN_SCORE_PRE;
+	g_flags = GPU_ATTN_SCORE_LATE;
 	g_sum8 = ~0u;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
