@@ -1543,22 +1543,35 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 }
 
 /* Whether the score kernel runs three stages of tiles, given @K, the tiles
- * a CTA takes in the two-stage grid.  GPU_ATTN_SCORE_3STAGE and
- * GPU_ATTN_SCORE_2STAGE force them (GPU_ATTN_SCORE_FMA takes two); by
- * default three where K is at least SCORE_3STAGE_TILES: there the
- * pipeline's steady part is the kernel, and two tiles in flight a CTA
- * (at two CTAs an SM) keep the DRAM busier than one (at three); with a
- * few tiles a CTA the longer prologue takes the gain back (H100,
- * thirty-ninth session: batch 8 at 256K-1M 20-28 % faster, batch 1 at 1M
- * the same, at 256K 4 % slower; gpu/NOTES.md). */
+ * a CTA takes in the two-stage grid, and @K3, @ctas3 and @nsm: the tiles a
+ * CTA and the CTAs of the three-stage grid, the GPU's SMs.
+ * GPU_ATTN_SCORE_3STAGE and GPU_ATTN_SCORE_2STAGE force them
+ * (GPU_ATTN_SCORE_FMA takes two).  By default three
+ * - where K is at least SCORE_3STAGE_TILES: there the pipeline's steady
+ *   part is the kernel, and two tiles in flight a CTA (at two CTAs an SM)
+ *   keep the DRAM busier than one (at three) (H100, thirty-ninth session:
+ *   batch 8 at 256K-1M 20-28 % faster);
+ * - and where the three-stage grid is the two-stage one (K3 == K) with
+ *   more CTAs than SMs: paired on an H100 (forty-fifth session, bench/attn
+ *   --pair, 101 rounds), the step at batch 1 was 1.2 µs faster so at 128K
+ *   tokens and 5.0 at 256K (256 CTAs either way; the score stage alone
+ *   only ~1 µs), against 1.0 slower at 32K (64 CTAs) and 8.6 and 3.9
+ *   slower at 512K and 1M, where K3 > K.  Why is not measured; a guess:
+ *   three stages' shared memory holds an SM to two score CTAs, so a wave
+ *   of 256 spreads over more SMs than at three an SM (the hardware fills
+ *   an SM's free slots from consecutive CTAs: bench/cta_probe.py), beside
+ *   k_qrot's and the select's CTAs.
+ * With a few tiles a CTA and a smaller grid, the two-stage kernel's early
+ * loads win (GPU_ATTN_SCORE_LATE). */
 #define SCORE_3STAGE_TILES 8u
-static bool score_three_stages(const struct gpu_attn_args *a, uint32_t K)
+static bool score_three_stages(const struct gpu_attn_args *a, uint32_t K, uint32_t K3,
+			       uint64_t ctas3, int nsm)
 {
 	if (a->flags & GPU_ATTN_SCORE_FMA)
 		return false;
 	if (a->flags & (GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_2STAGE))
 		return a->flags & GPU_ATTN_SCORE_3STAGE;
-	return K >= SCORE_3STAGE_TILES;
+	return K >= SCORE_3STAGE_TILES || (K3 == K && ctas3 > (uint64_t)nsm);
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
@@ -6239,11 +6252,18 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 		if (rc)
 			return rc;
-		const bool st3 = score_three_stages(a, K);
+		uint32_t K3, gx3;
+		size_t smem3;
+		int nsm = 0;
+		if ((rc = score_grid<NQ, 3>(a, k_score<NQ, false, 3>, &K3, &gx3, &smem3)) ||
+		    (rc = sm_count(&nsm)))
+			return rc;
+		const bool st3 = score_three_stages(a, K, K3, (uint64_t)gx3 * a->n_heads, nsm);
 		if (st3) {
 			score = k_score<NQ, false, 3>;
-			if ((rc = score_grid<NQ, 3>(a, score, &K, &gx, &smem)))
-				return rc;
+			K = K3;
+			gx = gx3;
+			smem = smem3;
 		}
 		uint32_t opt = (!st3 && !(a->flags & GPU_ATTN_SCORE_LATE)) ? SCORE_OPT_PRE : 0u;
 		if (a->flags & GPU_ATTN_FINE_GLOBAL)

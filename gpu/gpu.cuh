@@ -253,11 +253,11 @@ struct gpu_attn_args {
  * kernel: each CTA builds its first two tiles' descriptors and issues
  * their summaries before it waits, so that where it is resident while
  * k_qrot runs those bytes arrive meanwhile).  Why the early loads: paired
- * on an H100 (forty-fifth session, bench/attn --pair, the median of 51
- * rounds' differences), the step at batch 1 with them was 1.8 µs faster
- * at 128K tokens, 5.6 at 512K, 1.2 at 1M, and 0.6 slower at 256K, inside
- * that context's noise (the thirty-sixth session's bench columns had
- * 256K 3-4 % slower).  Kept to compare. */
+ * on an H100 (forty-fifth session, bench/attn --pair, the median of the
+ * rounds' differences, two calls), the step at batch 1 with them was
+ * 0.8 µs faster at 32K tokens, 1.7-1.8 at 128K, 5.1-5.6 at 512K, 0.5-1.2
+ * at 1M, and 0.6-1.5 slower at 256K (where three stages, which take no
+ * early loads, now run: GPU_ATTN_SCORE_3STAGE).  Kept to compare. */
 #define GPU_ATTN_SCORE_LATE 536870912u
 /* The many-CTA select's last CTA loads the order's windows and the
  * per-CTA counts after its exact cut, as before the thirty-seventh
@@ -290,16 +290,18 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
 #define GPU_ATTN_ORDER_FLAT 33554432u
 /* The score kernel with two stages of tiles (one in flight a CTA while
  * one is scored, three CTAs an SM), the version before three became the
- * default where CTAs take many tiles (GPU_ATTN_SCORE_3STAGE); kept to
- * compare. */
+ * default where CTAs take many tiles or the grid is the same either way
+ * (GPU_ATTN_SCORE_3STAGE); kept to compare. */
 #define GPU_ATTN_SCORE_2STAGE 67108864u
 /* The score kernel with three stages of tiles (two in flight a CTA while
  * one is scored; two CTAs an SM by shared memory) instead of two (one in
  * flight, three CTAs an SM), forced.  Without this flag or
  * GPU_ATTN_SCORE_2STAGE three where the two-stage grid gives each CTA
- * eight tiles or more (attn.cu score_three_stages: many contexts, long
- * ones); never with GPU_ATTN_SCORE_FMA, and three stages take no early
- * loads (GPU_ATTN_SCORE_LATE). */
+ * eight tiles or more (many contexts, long ones), or where the
+ * three-stage grid is the two-stage one and has more CTAs than the GPU
+ * has SMs (batch 1 at 128K-256K tokens at the bench's shape; attn.cu
+ * score_three_stages); never with GPU_ATTN_SCORE_FMA, and three stages
+ * take no early loads (GPU_ATTN_SCORE_LATE). */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
 /* The score kernel's fine histogram (the cut's 16-bit bins) added to
  * global memory by every warp as it scores a tile, the version before
