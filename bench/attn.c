@@ -919,6 +919,7 @@ static const struct {
 	{"SCORE_2STAGE", GPU_ATTN_SCORE_2STAGE},
 	{"SCORE_3STAGE", GPU_ATTN_SCORE_3STAGE},
 	{"FINE_GLOBAL", GPU_ATTN_FINE_GLOBAL},
+	{"SCORE_SPREAD", GPU_ATTN_SCORE_SPREAD},
 };
 
 /* The flag set in @p up to ',' or the end into *@out; returns the end, or

@@ -1517,12 +1517,15 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 }
 
 /* Tiles per score CTA (@kern, one of k_score's instances): one wave of
- * CTAs over all contexts. */
+ * CTAs over all contexts.  @pad: the dynamic shared memory asked for, if
+ * more than the kernel uses (GPU_ATTN_SCORE_SPREAD: fewer CTAs an SM). */
 template <int NQ, int NS = 2, class KF>
 static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint32_t *gx,
-		      size_t *smem)
+		      size_t *smem, size_t pad = 0)
 {
 	*smem = sizeof(struct score_smem<NQP(NQ), NS>);
+	if (pad > *smem)
+		*smem = pad;
 	GPU_CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				    (int)*smem));
 	int nsm = 0, per = 0, rc = sm_count(&nsm);
@@ -6264,6 +6267,9 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 			K = K3;
 			gx = gx3;
 			smem = smem3;
+		} else if ((a->flags & GPU_ATTN_SCORE_SPREAD) &&
+			   (rc = score_grid<NQ>(a, score, &K, &gx, &smem, smem3))) {
+			return rc;
 		}
 		uint32_t opt = (!st3 && !(a->flags & GPU_ATTN_SCORE_LATE)) ? SCORE_OPT_PRE : 0u;
 		if (a->flags & GPU_ATTN_FINE_GLOBAL)

@@ -259,6 +259,14 @@ struct gpu_attn_args {
  * at 1M, and 0.6-1.5 slower at 256K (where three stages, which take no
  * early loads, now run: GPU_ATTN_SCORE_3STAGE).  Kept to compare. */
 #define GPU_ATTN_SCORE_LATE 536870912u
+/* Where the score kernel runs two stages of tiles, it asks for the
+ * three-stage kernel's shared memory (unused past its own), so that an
+ * SM holds two of its CTAs, not three, and its grid is sized for that
+ * (more tiles a CTA where the contexts are long).  To tell why three
+ * stages were faster at 128K-256K tokens, batch 1 (forty-fifth session):
+ * if two stages so match three there, the CTAs' spread over the SMs was
+ * the cause, not the pipeline's depth.  Not measured yet. */
+#define GPU_ATTN_SCORE_SPREAD 1073741824u
 /* The many-CTA select's last CTA loads the order's windows and the
  * per-CTA counts after its exact cut, as before the thirty-seventh
  * session (by default beside the candidates, before the cut). */

@@ -1930,6 +1930,23 @@ Test(gpu, packed_small_llama_shape_late)
 	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_LATE;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
+/* two stages with three stages' shared memory (GPU_ATTN_SCORE_SPREAD):
+ * its grid of more tiles a CTA, the early loads, the whole step */
+Test(gpu, select_llama_shape_2stage_spread)
+{
+	g_flags = GPU_ATTN_SCORE_2STAGE | GPU_ATTN_SCORE_SPREAD;
+	check_select(128, 4, 0.1, 16, 3000);
+}
+Test(gpu, select_1m_tokens_spread)
+{
+	g_flags = GPU_ATTN_SCORE_SPREAD;
+	check_synth_select(65536, 16);
+}
+Test(gpu, packed_small_llama_shape_2stage_spread)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_2STAGE | GPU_ATTN_SCORE_SPREAD;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
 /* the score kernel's three stages (GPU_ATTN_SCORE_3STAGE): a context of
  * a few tiles a CTA, eight heads, 1M tokens, tiles across segments, the
  * whole step with bf16 and 8-bit summaries */
