@@ -1255,9 +1255,9 @@ int main(int argc, char **argv)
 			double t_pcm = time_graph(g_pcm, 1), t_pscm = time_graph(g_pscm, 1);
 			cudaGraphExecDestroy(g_pcm);
 			cudaGraphExecDestroy(g_pscm);
-			cudaGraphExec_t g_ppre = capture(f_packed_late, &a, dheads);
-			cudaGraphExec_t g_pspre = capture(f_packed_ss_late, &a, dheads);
-			double t_ppre = time_graph(g_ppre, 1), t_pspre = time_graph(g_pspre, 1);
+			cudaGraphExec_t g_plt = capture(f_packed_late, &a, dheads);
+			cudaGraphExec_t g_pslt = capture(f_packed_ss_late, &a, dheads);
+			double t_plt = time_graph(g_plt, 1), t_pslt = time_graph(g_pslt, 1);
 			double t_psts = time_step(f_packed_sts, &a, dheads);
 			double t_pmny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExec_t g_pmso = capture(f_packed_many_so, &a, dheads);
@@ -1280,8 +1280,8 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_ps2st);
 			cudaGraphExecDestroy(g_p3st);
 			cudaGraphExecDestroy(g_ps3st);
-			cudaGraphExecDestroy(g_ppre);
-			cudaGraphExecDestroy(g_pspre);
+			cudaGraphExecDestroy(g_plt);
+			cudaGraphExecDestroy(g_pslt);
 			cudaGraphExec_t g_pfg = capture(f_packed_fg, &a, dheads);
 			cudaGraphExec_t g_psfg = capture(f_packed_ss_fg, &a, dheads);
 			double t_pfg = time_graph(g_pfg, 1), t_psfg = time_graph(g_psfg, 1);
@@ -1362,13 +1362,13 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_pg285 = capture(f_packed_512, &a, dheads);
 			cudaGraphExec_t g_pg28cm = capture(f_packed_cm, &a, dheads);
 			double t_pg28 = time_graph(g_pg28, 1), t_pg285 = time_graph(g_pg285, 1);
-			cudaGraphExec_t g_pg28pre = capture(f_packed_late, &a, dheads);
-			double t_pg28cm = time_graph(g_pg28cm, 1), t_pg28pre = time_graph(g_pg28pre, 1);
+			cudaGraphExec_t g_pg28lt = capture(f_packed_late, &a, dheads);
+			double t_pg28cm = time_graph(g_pg28cm, 1), t_pg28lt = time_graph(g_pg28lt, 1);
 			double t_pg28sts = time_step(f_packed_sts, &a, dheads);
 			double t_pg28fg = time_step(f_packed_fg, &a, dheads);
 			double t_pg28mny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExecDestroy(g_pg28cm);
-			cudaGraphExecDestroy(g_pg28pre);
+			cudaGraphExecDestroy(g_pg28lt);
 			cudaGraphExecDestroy(g_pg28);
 			cudaGraphExecDestroy(g_pg285);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
@@ -1412,7 +1412,7 @@ int main(int argc, char **argv)
 			       t_pp81, t_qp2, t_pso, t_qso, t_pp8so, t_pb64, t_pp8b, t_pni, t_pfm,
 			       t_psfm, t_qsfm, t_pg2, t_pg28, t_d / t_pg2,
 			       bytes_g2 / (t_pg2 * 1e-6) / copy_bw, t_pg25, t_pg285, t_pcm, t_pscm,
-			       t_pg28cm, t_ppre, t_pspre, t_pg28pre, t_psts, t_pg28sts,
+			       t_pg28cm, t_plt, t_pslt, t_pg28lt, t_psts, t_pg28sts,
 			       t_pmny, t_pg28mny, t_pmso, t_pmni, t_pmfl, t_pofl, t_p2st, t_ps2st,
 			       t_p3st, t_ps3st, t_pfg, t_psfg, t_ps8fg, t_pg28fg);
 			if (split) {
@@ -1482,7 +1482,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_cm, os_cm, g28_cm = ours, oscore, g2_s8 with the step's clear as a memset node before k_qrot, GPU_ATTN_CLEAR_MEMSET: the version before k_qrot cleared it; ours_lt, os_lt, g28_lt = ours, oscore, g2_s8 with each score CTA waiting for k_qrot before it loads anything, GPU_ATTN_SCORE_LATE: the version before its first two tiles' summaries were issued before the wait; ours_sts, g28_sts = ours, g2_s8 with the many-CTA select's last CTA loading the attention order's windows and the per-CTA counts after its exact cut, GPU_ATTN_SEL_TAIL_SERIAL: the version before those loads went beside the candidates; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, and the only one that orders the attention CTAs; ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_mfl, ours_ofl = ours_mny, ours with the first wave in rank order, GPU_ATTN_ORDER_FLAT: the version before its heavy CTAs were spread over the SMs; ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, GPU_ATTN_SCORE_2STAGE: the version before three became the default where its CTAs take eight tiles or more; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE; ours_fg, os_fg, os8_fg, g28_fg = ours, oscore, os_s8, g2_s8 with the score kernel's fine histogram added to global memory by every warp, GPU_ATTN_FINE_GLOBAL: the version before each CTA summed its bins in shared memory)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_cm, os_cm, g28_cm = ours, oscore, g2_s8 with the step's clear as a memset node before k_qrot, GPU_ATTN_CLEAR_MEMSET: the version before k_qrot cleared it; ours_lt, os_lt, g28_lt = ours, oscore, g2_s8 with each score CTA waiting for k_qrot before it loads anything, GPU_ATTN_SCORE_LATE: the version before its first two tiles' summaries were issued before the wait (where the score kernel runs three stages, which take no early loads, the same as ours); ours_sts, g28_sts = ours, g2_s8 with the many-CTA select's last CTA loading the attention order's windows and the per-CTA counts after its exact cut, GPU_ATTN_SEL_TAIL_SERIAL: the version before those loads went beside the candidates; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, and the only one that orders the attention CTAs; ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_mfl, ours_ofl = ours_mny, ours with the first wave in rank order, GPU_ATTN_ORDER_FLAT: the version before its heavy CTAs were spread over the SMs; ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, GPU_ATTN_SCORE_2STAGE: the version before three became the default where its CTAs take eight tiles or more or its grid is the same with three; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE; ours_fg, os_fg, os8_fg, g28_fg = ours, oscore, os_s8, g2_s8 with the score kernel's fine histogram added to global memory by every warp, GPU_ATTN_FINE_GLOBAL: the version before each CTA summed its bins in shared memory)\n", RQ);
 
 	if (once)
 		return 0;
