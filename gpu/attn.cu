@@ -1518,10 +1518,11 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 
 /* Tiles per score CTA (@kern, one of k_score's instances): one wave of
  * CTAs over all contexts.  @pad: the dynamic shared memory asked for, if
- * more than the kernel uses (GPU_ATTN_SCORE_SPREAD: fewer CTAs an SM). */
+ * more than the kernel uses (GPU_ATTN_SCORE_SPREAD: fewer CTAs an SM).
+ * @nsm_out, if not NULL: the GPU's SMs. */
 template <int NQ, int NS = 2, class KF>
 static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint32_t *gx,
-		      size_t *smem, size_t pad = 0)
+		      size_t *smem, size_t pad = 0, int *nsm_out = NULL)
 {
 	*smem = sizeof(struct score_smem<NQP(NQ), NS>);
 	if (pad > *smem)
@@ -1531,6 +1532,8 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	int nsm = 0, per = 0, rc = sm_count(&nsm);
 	if (rc)
 		return rc;
+	if (nsm_out)
+		*nsm_out = nsm;
 	GPU_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, SCORE_T, *smem));
 	uint64_t slots = (uint64_t)(nsm > 0 ? nsm : 1) * (per > 0 ? per : 1);
 	uint64_t tph = (a->max_blocks + SCORE_T - 1) / SCORE_T;
@@ -1546,8 +1549,10 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 }
 
 /* Whether the score kernel runs three stages of tiles, given @K, the tiles
- * a CTA takes in the two-stage grid, and @K3, @ctas3 and @nsm: the tiles a
- * CTA and the CTAs of the three-stage grid, the GPU's SMs.
+ * a CTA takes in the two-stage grid: 1 or 0, or -1 where the three-stage
+ * grid decides (the second rule below).  The caller sizes the
+ * three-stage grid only where it is launched or decides: the decode path
+ * launches the step's kernels every step, not from a graph.
  * GPU_ATTN_SCORE_3STAGE and GPU_ATTN_SCORE_2STAGE force them
  * (GPU_ATTN_SCORE_FMA takes two).  By default three
  * - where K is at least SCORE_3STAGE_TILES: there the pipeline's steady
@@ -1567,14 +1572,13 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
  * With a few tiles a CTA and a smaller grid, the two-stage kernel's early
  * loads win (GPU_ATTN_SCORE_LATE). */
 #define SCORE_3STAGE_TILES 8u
-static bool score_three_stages(const struct gpu_attn_args *a, uint32_t K, uint32_t K3,
-			       uint64_t ctas3, int nsm)
+static int score_three_stages(const struct gpu_attn_args *a, uint32_t K)
 {
 	if (a->flags & GPU_ATTN_SCORE_FMA)
-		return false;
+		return 0;
 	if (a->flags & (GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_2STAGE))
-		return a->flags & GPU_ATTN_SCORE_3STAGE;
-	return K >= SCORE_3STAGE_TILES || (K3 == K && ctas3 > (uint64_t)nsm);
+		return (a->flags & GPU_ATTN_SCORE_3STAGE) ? 1 : 0;
+	return K >= SCORE_3STAGE_TILES ? 1 : -1;
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
@@ -6252,25 +6256,29 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		size_t smem;
 		/* the two-stage grid first: its tiles a CTA choose the stages */
 		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true> : k_score<NQ, false>;
-		int rc = score_grid<NQ>(a, score, &K, &gx, &smem);
+		int nsm = 0;
+		int rc = score_grid<NQ>(a, score, &K, &gx, &smem, 0, &nsm);
 		if (rc)
 			return rc;
-		uint32_t K3, gx3;
-		size_t smem3;
-		int nsm = 0;
-		if ((rc = score_grid<NQ, 3>(a, k_score<NQ, false, 3>, &K3, &gx3, &smem3)) ||
-		    (rc = sm_count(&nsm)))
-			return rc;
-		const bool st3 = score_three_stages(a, K, K3, (uint64_t)gx3 * a->n_heads, nsm);
+		int st3 = score_three_stages(a, K);
 		if (st3) {
-			score = k_score<NQ, false, 3>;
-			K = K3;
-			gx = gx3;
-			smem = smem3;
-		} else if ((a->flags & GPU_ATTN_SCORE_SPREAD) &&
-			   (rc = score_grid<NQ>(a, score, &K, &gx, &smem, smem3))) {
-			return rc;
+			uint32_t K3, gx3;
+			size_t smem3;
+			if ((rc = score_grid<NQ, 3>(a, k_score<NQ, false, 3>, &K3, &gx3, &smem3)))
+				return rc;
+			if (st3 < 0) /* the three-stage grid is the two-stage one */
+				st3 = K3 == K && (uint64_t)gx3 * a->n_heads > (uint64_t)nsm;
+			if (st3) {
+				score = k_score<NQ, false, 3>;
+				K = K3;
+				gx = gx3;
+				smem = smem3;
+			}
 		}
+		if (!st3 && (a->flags & GPU_ATTN_SCORE_SPREAD) &&
+		    (rc = score_grid<NQ>(a, score, &K, &gx, &smem,
+					 sizeof(struct score_smem<NQP(NQ), 3>))))
+			return rc;
 		uint32_t opt = (!st3 && !(a->flags & GPU_ATTN_SCORE_LATE)) ? SCORE_OPT_PRE : 0u;
 		if (a->flags & GPU_ATTN_FINE_GLOBAL)
 			opt |= SCORE_OPT_FINE_GLOBAL;
