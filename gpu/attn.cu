@@ -1549,28 +1549,30 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 }
 
 /* Whether the score kernel runs three stages of tiles, given @K, the tiles
- * a CTA takes in the two-stage grid: 1 or 0, or -1 where the three-stage
- * grid decides (the second rule below).  The caller sizes the
- * three-stage grid only where it is launched or decides: the decode path
- * launches the step's kernels every step, not from a graph.
- * GPU_ATTN_SCORE_3STAGE and GPU_ATTN_SCORE_2STAGE force them
- * (GPU_ATTN_SCORE_FMA takes two).  By default three
- * - where K is at least SCORE_3STAGE_TILES: there the pipeline's steady
- *   part is the kernel, and two tiles in flight a CTA (at two CTAs an SM)
- *   keep the DRAM busier than one (at three) (H100, thirty-ninth session:
- *   batch 8 at 256K-1M 20-28 % faster);
- * - and where the three-stage grid is the two-stage one (K3 == K) with
- *   more CTAs than SMs: paired on an H100 (forty-fifth session, bench/attn
- *   --pair, 101 rounds), the step at batch 1 was 1.2 µs faster so at 128K
- *   tokens and 5.0 at 256K (256 CTAs either way; the score stage alone
- *   only ~1 µs), against 1.0 slower at 32K (64 CTAs) and 8.6 and 3.9
- *   slower at 512K and 1M, where K3 > K.  Why is not measured; a guess:
- *   three stages' shared memory holds an SM to two score CTAs, so a wave
- *   of 256 spreads over more SMs than at three an SM (the hardware fills
- *   an SM's free slots from consecutive CTAs: bench/cta_probe.py), beside
- *   k_qrot's and the select's CTAs.
- * With a few tiles a CTA and a smaller grid, the two-stage kernel's early
- * loads win (GPU_ATTN_SCORE_LATE). */
+ * a CTA takes in the two-stage grid: 1, or 0 (two stages as the flags
+ * say), or -1 (two stages, spread or not as the spread grid decides:
+ * launch_score_select).  The caller sizes other grids only where they
+ * are launched or decide: the decode path launches the step's kernels
+ * every step, not from a graph.  GPU_ATTN_SCORE_3STAGE and
+ * GPU_ATTN_SCORE_2STAGE force them (GPU_ATTN_SCORE_FMA takes two).  By
+ * default three where K is at least SCORE_3STAGE_TILES: there the
+ * pipeline's steady part is the kernel, and two tiles in flight a CTA (at
+ * two CTAs an SM) keep the DRAM busier than one (at three) (H100,
+ * thirty-ninth session: batch 8 at 256K-1M 20-28 % faster).
+ *
+ * Elsewhere two stages, and spread (two CTAs an SM, as three stages
+ * have, by shared memory the kernel does not use) where the spread grid
+ * is the unspread one (the same tiles a CTA) and has more CTAs than SMs.
+ * The forty-fifth session found three stages 1.2 µs faster at 128K and
+ * 5.0 at 256K, batch 1, where their grid was the two-stage one; paired
+ * on an H100 in the forty-sixth (bench/attn --pair, 101 rounds), two
+ * stages spread were 1.8 µs faster than three at 128K and 3.7 at 256K
+ * (3.3 and 7.1 faster than two unspread), and at batch 8, 32K, 2.0
+ * faster.  So the CTAs' spread over the SMs made three stages win
+ * there, not the pipeline's depth, and two stages keep their early
+ * loads.  Where the grid is below the SMs (32K, batch 1: 64 CTAs) the
+ * spread was 0.6 µs slower; where it changes the grid (512K-1M, batch
+ * 1: more tiles a CTA) it was within the pairs' noise. */
 #define SCORE_3STAGE_TILES 8u
 static int score_three_stages(const struct gpu_attn_args *a, uint32_t K)
 {
@@ -6261,24 +6263,28 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		if (rc)
 			return rc;
 		int st3 = score_three_stages(a, K);
-		if (st3) {
-			uint32_t K3, gx3;
-			size_t smem3;
-			if ((rc = score_grid<NQ, 3>(a, k_score<NQ, false, 3>, &K3, &gx3, &smem3)))
+		const bool spread_f = (a->flags & GPU_ATTN_SCORE_SPREAD) != 0;
+		if (st3 > 0) {
+			if ((rc = score_grid<NQ, 3>(a, k_score<NQ, false, 3>, &K, &gx, &smem)))
 				return rc;
-			if (st3 < 0) /* the three-stage grid is the two-stage one */
-				st3 = K3 == K && (uint64_t)gx3 * a->n_heads > (uint64_t)nsm;
-			if (st3) {
-				score = k_score<NQ, false, 3>;
-				K = K3;
-				gx = gx3;
-				smem = smem3;
+			score = k_score<NQ, false, 3>;
+		} else if (st3 < 0 || spread_f) {
+			uint32_t Ks, gxs;
+			size_t smems;
+			if ((rc = score_grid<NQ>(a, score, &Ks, &gxs, &smems,
+						 sizeof(struct score_smem<NQP(NQ), 3>))))
+				return rc;
+			/* undecided: spread where the grid is the same and more
+			 * than one an SM */
+			const bool spread =
+				spread_f || (Ks == K && (uint64_t)gxs * a->n_heads > (uint64_t)nsm);
+			if (spread) {
+				K = Ks;
+				gx = gxs;
+				smem = smems;
 			}
+			st3 = 0;
 		}
-		if (!st3 && (a->flags & GPU_ATTN_SCORE_SPREAD) &&
-		    (rc = score_grid<NQ>(a, score, &K, &gx, &smem,
-					 sizeof(struct score_smem<NQP(NQ), 3>))))
-			return rc;
 		uint32_t opt = (!st3 && !(a->flags & GPU_ATTN_SCORE_LATE)) ? SCORE_OPT_PRE : 0u;
 		if (a->flags & GPU_ATTN_FINE_GLOBAL)
 			opt |= SCORE_OPT_FINE_GLOBAL;
