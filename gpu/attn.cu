@@ -1548,39 +1548,35 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
 	return 0;
 }
 
-/* Whether the score kernel runs three stages of tiles, given @K, the tiles
- * a CTA takes in the two-stage grid: 1, or 0 (two stages as the flags
- * say), or -1 (two stages, spread or not as the spread grid decides:
- * launch_score_select).  The caller sizes other grids only where they
- * are launched or decide: the decode path launches the step's kernels
- * every step, not from a graph.  GPU_ATTN_SCORE_3STAGE and
- * GPU_ATTN_SCORE_2STAGE force them (GPU_ATTN_SCORE_FMA takes two).  By
- * default three where K is at least SCORE_3STAGE_TILES: there the
- * pipeline's steady part is the kernel, and two tiles in flight a CTA (at
- * two CTAs an SM) keep the DRAM busier than one (at three) (H100,
- * thirty-ninth session: batch 8 at 256K-1M 20-28 % faster).
+/* Whether the score kernel runs three stages of tiles: 1, or 0 (two
+ * stages as the flags say), or -1 (two stages, spread or not as the
+ * spread grid decides: launch_score_select).  The caller sizes other
+ * grids only where they are launched or decide: the decode path launches
+ * the step's kernels every step, not from a graph.  GPU_ATTN_SCORE_3STAGE
+ * and GPU_ATTN_SCORE_2STAGE force them (GPU_ATTN_SCORE_FMA takes two).
  *
- * Elsewhere two stages, and spread (two CTAs an SM, as three stages
- * have, by shared memory the kernel does not use) where the spread grid
- * is the unspread one (the same tiles a CTA) and has more CTAs than SMs.
- * The forty-fifth session found three stages 1.2 µs faster at 128K and
- * 5.0 at 256K, batch 1, where their grid was the two-stage one; paired
- * on an H100 in the forty-sixth (bench/attn --pair, 101 rounds), two
- * stages spread were 1.8 µs faster than three at 128K and 3.7 at 256K
- * (3.3 and 7.1 faster than two unspread), and at batch 8, 32K, 2.0
- * faster.  So the CTAs' spread over the SMs made three stages win
- * there, not the pipeline's depth, and two stages keep their early
- * loads.  Where the grid is below the SMs (32K, batch 1: 64 CTAs) the
- * spread was 0.6 µs slower; where it changes the grid (512K-1M, batch
- * 1: more tiles a CTA) it was within the pairs' noise. */
-#define SCORE_3STAGE_TILES 8u
-static int score_three_stages(const struct gpu_attn_args *a, uint32_t K)
+ * By default two stages, spread (two CTAs an SM, as three stages have,
+ * by shared memory the kernel does not use; its grid sized for that)
+ * where the spread grid has more CTAs than SMs.  Paired on an H100
+ * (forty-sixth session, bench/attn --pair), two stages spread against
+ * three: 1.8 µs faster at 128K and 3.7 at 256K, batch 1; at batch 4
+ * 1.2-4.2 faster from 128K to 1M, at batch 8 2.0-6.7 faster from 32K to
+ * 1M (medians of 51 rounds; three was the default where the two-stage
+ * grid gave a CTA eight tiles or more, the thirty-ninth session's 20-28 %
+ * over two unspread, and at 128K-256K batch 1).  So three stages won by
+ * the spread of their CTAs over the SMs, not by their second tile in
+ * flight, and two spread keep their early loads.  Spread against two
+ * unspread: 3.3 and 7.1 µs faster at 128K and 256K batch 1, even at
+ * 512K-1M batch 1 (where the spread grid has fewer CTAs of more tiles);
+ * 0.6 slower at 32K batch 1, where the grid (64 CTAs) is below the SMs
+ * and is left unspread. */
+static int score_three_stages(const struct gpu_attn_args *a)
 {
 	if (a->flags & GPU_ATTN_SCORE_FMA)
 		return 0;
 	if (a->flags & (GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_2STAGE))
 		return (a->flags & GPU_ATTN_SCORE_3STAGE) ? 1 : 0;
-	return K >= SCORE_3STAGE_TILES ? 1 : -1;
+	return -1;
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
@@ -6256,35 +6252,27 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (a->max_blocks) {
 		uint32_t K, gx;
 		size_t smem;
-		/* the two-stage grid first: its tiles a CTA choose the stages */
 		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true> : k_score<NQ, false>;
-		int nsm = 0;
-		int rc = score_grid<NQ>(a, score, &K, &gx, &smem, 0, &nsm);
-		if (rc)
-			return rc;
-		int st3 = score_three_stages(a, K);
+		int st3 = score_three_stages(a), rc;
 		const bool spread_f = (a->flags & GPU_ATTN_SCORE_SPREAD) != 0;
 		if (st3 > 0) {
-			if ((rc = score_grid<NQ, 3>(a, k_score<NQ, false, 3>, &K, &gx, &smem)))
-				return rc;
 			score = k_score<NQ, false, 3>;
+			rc = score_grid<NQ, 3>(a, score, &K, &gx, &smem);
 		} else if (st3 < 0 || spread_f) {
-			uint32_t Ks, gxs;
-			size_t smems;
-			if ((rc = score_grid<NQ>(a, score, &Ks, &gxs, &smems,
-						 sizeof(struct score_smem<NQP(NQ), 3>))))
-				return rc;
-			/* undecided: spread where the grid is the same and more
-			 * than one an SM */
-			const bool spread =
-				spread_f || (Ks == K && (uint64_t)gxs * a->n_heads > (uint64_t)nsm);
-			if (spread) {
-				K = Ks;
-				gx = gxs;
-				smem = smems;
-			}
+			int nsm = 0;
+			rc = score_grid<NQ>(a, score, &K, &gx, &smem,
+					    sizeof(struct score_smem<NQP(NQ), 3>), &nsm);
+			/* undecided: unspread where the spread grid has no more
+			 * CTAs than SMs (then it is the unspread grid: one tile a
+			 * CTA) */
+			if (!rc && !spread_f && (uint64_t)gx * a->n_heads <= (uint64_t)nsm)
+				rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 			st3 = 0;
+		} else {
+			rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 		}
+		if (rc)
+			return rc;
 		uint32_t opt = (!st3 && !(a->flags & GPU_ATTN_SCORE_LATE)) ? SCORE_OPT_PRE : 0u;
 		if (a->flags & GPU_ATTN_FINE_GLOBAL)
 			opt |= SCORE_OPT_FINE_GLOBAL;

@@ -263,11 +263,11 @@ struct gpu_attn_args {
  * three-stage kernel's shared memory (unused past its own), so that an
  * SM holds two of its CTAs, not three, and its grid is sized for that
  * (more tiles a CTA where the contexts are long), forced.  By default
- * only where that grid is the unspread one and has more CTAs than SMs
- * (attn.cu score_three_stages: batch 1 at 128K-256K tokens and batch 8
- * at 32K at the bench's shape, where it replaced three stages: paired on
- * an H100, forty-sixth session, 1.8-3.7 µs faster than three, 3.3-7.1
- * faster than two unspread). */
+ * wherever that grid has more CTAs than SMs (attn.cu score_three_stages:
+ * at the bench's shape all but batch 1 at 32K tokens).  Paired on an
+ * H100 (forty-sixth session) it beat three stages by 1.2-6.7 µs over
+ * batch 1-8 and 32K-1M where they were the default, and two unspread by
+ * 3.3-7.1 µs at 128K-256K batch 1. */
 #define GPU_ATTN_SCORE_SPREAD 1073741824u
 /* The many-CTA select's last CTA loads the order's windows and the
  * per-CTA counts after its exact cut, as before the thirty-seventh
@@ -300,20 +300,15 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
 #define GPU_ATTN_ORDER_FLAT 33554432u
 /* The score kernel with two stages of tiles (one in flight a CTA while
  * one is scored), three CTAs an SM unless GPU_ATTN_SCORE_SPREAD: the
- * version before three became the default where CTAs take many tiles,
- * and before the spread did where the grid is the same either way; kept
- * to compare. */
+ * version before the spread became the default; kept to compare. */
 #define GPU_ATTN_SCORE_2STAGE 67108864u
 /* The score kernel with three stages of tiles (two in flight a CTA while
- * one is scored; two CTAs an SM by shared memory) instead of two (one in
- * flight, three CTAs an SM), forced.  Without this flag or
- * GPU_ATTN_SCORE_2STAGE three where the two-stage grid gives each CTA
- * eight tiles or more (many contexts, long ones; attn.cu
- * score_three_stages); never with GPU_ATTN_SCORE_FMA, and three stages
- * take no early loads (GPU_ATTN_SCORE_LATE).  Where the three-stage grid
- * is the two-stage one and has more CTAs than SMs, three stages were the
- * default in the forty-fifth session; two spread (GPU_ATTN_SCORE_SPREAD)
- * are now. */
+ * one is scored; two CTAs an SM by shared memory) instead of two, forced;
+ * never with GPU_ATTN_SCORE_FMA, and three stages take no early loads
+ * (GPU_ATTN_SCORE_LATE).  The default from the thirty-ninth to the
+ * forty-fifth session where the two-stage grid gave each CTA eight tiles
+ * or more (and at 128K-256K batch 1 from `66d1424`); two stages spread
+ * (GPU_ATTN_SCORE_SPREAD) replaced it.  Kept to compare. */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
 /* The score kernel's fine histogram (the cut's 16-bit bins) added to
  * global memory by every warp as it scores a tile, the version before
