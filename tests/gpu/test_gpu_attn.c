@@ -1866,7 +1866,8 @@ static void check_synth_select(uint32_t nb, uint32_t nseg)
 Test(gpu, select_1m_tokens) { check_synth_select(65536, 16); }
 /* scores over 2^120 of range: tens of thousands of fine bins, every
  * score CTA's table (HT_SLOTS) overflowing to the global histograms; by
- * default (two stages at one context), three stages, and with the fine
+ * default (two stages, spread where the grid exceeds the SMs), three
+ * stages, and with the fine
  * histogram global (GPU_ATTN_FINE_GLOBAL); and with the histogram's usual
  * spread in that form */
 Test(gpu, select_wide_scores) { check_synth_select_w(65536, 16, 1, 1); }
@@ -1880,9 +1881,9 @@ Test(gpu, select_wide_scores_fine_global)
 	g_flags = GPU_ATTN_FINE_GLOBAL;
 	check_synth_select_w(65536, 16, 1, 1);
 }
-/* eight contexts of 1M tokens (a wave of ~49 score CTAs a context, their
- * tables flushed into each context's histograms), and the same with
- * wide scores */
+/* eight contexts of 1M tokens (a wave of score CTAs a context, 33 on
+ * 132 SMs at two an SM, their tables flushed into each context's
+ * histograms), and the same with wide scores */
 Test(gpu, select_8x1m_tokens, .timeout = 120) { check_synth_select_w(65536, 16, 0, 8); }
 Test(gpu, select_8x_wide_scores, .timeout = 120) { check_synth_select_w(65536, 16, 1, 8); }
 Test(gpu, select_1m_tokens_fine_global)
@@ -1930,8 +1931,9 @@ Test(gpu, packed_small_llama_shape_late)
 	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_LATE;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
-/* two stages with three stages' shared memory (GPU_ATTN_SCORE_SPREAD):
- * its grid of more tiles a CTA, the early loads, the whole step */
+/* two stages with three stages' shared memory (GPU_ATTN_SCORE_SPREAD,
+ * the default where that grid has more CTAs than SMs) forced: its grid
+ * of more tiles a CTA, the early loads, the whole step */
 Test(gpu, select_llama_shape_2stage_spread)
 {
 	g_flags = GPU_ATTN_SCORE_2STAGE | GPU_ATTN_SCORE_SPREAD;
