@@ -6263,8 +6263,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 			rc = score_grid<NQ>(a, score, &K, &gx, &smem,
 					    sizeof(struct score_smem<NQP(NQ), 3>), &nsm);
 			/* undecided: unspread where the spread grid has no more
-			 * CTAs than SMs (then it is the unspread grid: one tile a
-			 * CTA) */
+			 * CTAs than SMs, as nothing is left to spread (a CTA
+			 * there takes one tile either way, as a rule) */
 			if (!rc && !spread_f && (uint64_t)gx * a->n_heads <= (uint64_t)nsm)
 				rc = score_grid<NQ>(a, score, &K, &gx, &smem);
 			st3 = 0;
