@@ -919,6 +919,7 @@ static const struct {
 	{"SCORE_3STAGE", GPU_ATTN_SCORE_3STAGE},
 	{"FINE_GLOBAL", GPU_ATTN_FINE_GLOBAL},
 	{"SCORE_SPREAD", GPU_ATTN_SCORE_SPREAD},
+	{"SELECT_ORDER", GPU_ATTN_SELECT_ORDER},
 };
 
 /* The flag set in @p up to ',' or the end into *@out; returns the end, or

@@ -2158,7 +2158,8 @@ __device__ uint32_t select_fast(const struct sel_src &src, uint64_t need, int mo
 	/* candidate pass, warp-contiguous ranges */
 	uint32_t R = (((nb + 31) / 32) + 31) & ~31u;
 	uint32_t r0 = min(nb, w * R), r1 = min(nb, r0 + R);
-	uint32_t cnt = sel_scan_warp(scores, ntok, r0, r1, prefix16, &sm.ncand, sm.ckey, sm.ciw);
+	uint32_t cnt = sel_scan_warp(scores, ntok, r0, r1, prefix16, &sm.ncand, sm.ckey, sm.ciw,
+				     L.lpt ? WSP(uint8_t, L, g32, ws, h) : NULL);
 	if (lane == 0)
 		sm.wcnt[w] = cnt + (w == 0 && nb > 0); /* the sink */
 	__syncthreads();
@@ -2200,6 +2201,14 @@ __device__ uint64_t sel_need(const struct sel_src &src, double frac, const uint8
 	return need;
 }
 
+static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
+					       const struct ws_layout &L, uint32_t h,
+					       struct sel_smem &sm, bool bound);
+
+/* One CTA's select of context @h.  Where L.lpt is set (cut-only steps
+ * with GPU_ATTN_SELECT_ORDER: lpt_of) it then orders the attention CTAs
+ * as the many-CTA select's last CTA does (lpt_order), from the granules
+ * its candidate pass wrote. */
 __device__ void select_run(const struct sel_src src, double frac, char *ws,
 			   const struct ws_layout &L, uint32_t h)
 {
@@ -2207,15 +2216,24 @@ __device__ void select_run(const struct sel_src src, double frac, char *ws,
 	struct sel_smem &sm = *(struct sel_smem *)sel_raw;
 	uint32_t nb = src.nb;
 	uint32_t nsel = 0;
+	bool slow = false;
 	if (nb > 0) {
 		int mode;
 		uint64_t need = sel_need(src, frac, WSP(uint8_t, L, ntok, ws, h), &mode);
 		nsel = select_fast(src, need, mode, ws, L, h, sm);
-		if (nsel == UINT32_MAX)
+		if (nsel == UINT32_MAX) { /* uniform */
 			nsel = select_slow(src, need, mode, ws, L, h);
+			slow = true;
+		}
 	} else if (threadIdx.x == 0) { /* nothing to take */
 		SELX(ws, h)[SX_KSTAR] = 0xffffffffu;
 		SELX(ws, h)[SX_TMAX] = 0;
+	}
+	if (L.lpt) {
+		/* the select's shared arrays and granules are done; without
+		 * the exact cut (select_slow) no idle marks, as msel_count */
+		__syncthreads();
+		lpt_order(src, ws, L, h, sm, !slow);
 	}
 	if (!L.cut_only)
 		build_chunks(src, nsel, ws, L, h, sm.scan);
@@ -2227,7 +2245,8 @@ __global__ void __launch_bounds__(SEL_T) k_select(const struct gpu_head *heads, 
 	pdl_begin();
 	const struct gpu_head *H = &heads[blockIdx.x];
 	struct sel_src s = {H->n_blocks, H->nseg, H->n_hist, H->segs,
-			    WSP(const struct score_tile, L, tiles, ws, blockIdx.x), L.cwl};
+			    WSP(const struct score_tile, L, tiles, ws, blockIdx.x), L.cwl,
+			    H->buf, H->win_n};
 	select_run(s, frac, ws, L, blockIdx.x);
 }
 
@@ -6193,14 +6212,17 @@ static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, i
 }
 
 /* Whether the step's select orders the attention CTAs (lpt_order): where
- * the many-CTA select leaves only the cut, unless GPU_ATTN_SLOT_ORDER;
+ * the many-CTA select (or with GPU_ATTN_SELECT_ORDER ours by one CTA)
+ * leaves only the cut, unless GPU_ATTN_SLOT_ORDER;
  * for Quest (@quest) only with GPU_ATTN_WORK_ORDER (H200, 1M tokens,
  * batch 1, one run: 328.9 µs ordered, 325.6 in slot order; ours 217.1
  * and 219.5). */
 static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L, int many,
 		       bool quest)
 {
-	if (!L.cut_only || !many || (a->flags & GPU_ATTN_SLOT_ORDER))
+	if (!L.cut_only || (a->flags & GPU_ATTN_SLOT_ORDER))
+		return 0;
+	if (!many && (quest || !(a->flags & GPU_ATTN_SELECT_ORDER)))
 		return 0;
 	if (quest && !(a->flags & GPU_ATTN_WORK_ORDER))
 		return 0;

@@ -293,6 +293,15 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * output is the same bits either way. */
 #define GPU_ATTN_SLOT_ORDER 131072u
 #define GPU_ATTN_WORK_ORDER 262144u
+/* PackedAttention's one-CTA select (GPU_ATTN_SELECT_ONE_CTA, or chosen by
+ * shape) orders the attention CTAs too, where it leaves only the cut: the
+ * many-CTA select's order (lpt_order) without its launches.  Not measured
+ * yet: the bench's ours_mny (many CTAs forced, so ordered) ran 6-8 µs
+ * faster than ours at 128K tokens, batch 8, in three calls of the
+ * forty-sixth session, though its score and select stages were 5-9 µs
+ * slower; this tells whether the order was the gain.  The output is the
+ * same bits either way. */
+#define GPU_ATTN_SELECT_ORDER 8388608u
 /* Where the CTAs are ordered by work, the attention kernel's first wave
  * takes the heaviest ranks spread over its SMs (gpu_wave_rank); with
  * GPU_ATTN_ORDER_FLAT it takes them in rank order, as before the

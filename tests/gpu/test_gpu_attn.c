@@ -285,6 +285,12 @@ Test(gpu, packed_poisoned_state_many_ctas)
 	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SMALL_ROWS;
 	check_packed(128, 4, 1, 1, 16, 0.15, 20);
 }
+Test(gpu, packed_poisoned_state_one_cta_order)
+{
+	g_poison = 1;
+	g_flags = GPU_ATTN_SELECT_ONE_CTA | GPU_ATTN_SELECT_ORDER | GPU_ATTN_SMALL_ROWS;
+	check_packed(128, 4, 1, 1, 16, 0.15, 20);
+}
 Test(gpu, packed_poisoned_state_memset)
 {
 	g_poison = 1;
@@ -693,6 +699,18 @@ Test(gpu, quiet_segment_ordered)
 	check_quiet(3, 256, 256, 512,
 		    GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64 | GPU_ATTN_SELECT_MANY_CTAS);
 }
+/* ... and ordered by the one-CTA select (GPU_ATTN_SELECT_ORDER) */
+Test(gpu, quiet_window_ordered_one_cta)
+{
+	check_quiet(1, 2048, 256, 512,
+		    GPU_ATTN_CHUNK_256 | GPU_ATTN_SELECT_ONE_CTA | GPU_ATTN_SELECT_ORDER);
+}
+Test(gpu, quiet_segment_ordered_one_cta)
+{
+	check_quiet(3, 256, 256, 512,
+		    GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64 | GPU_ATTN_SELECT_ONE_CTA |
+			    GPU_ATTN_SELECT_ORDER);
+}
 
 Test(gpu, quiet_window_positions)
 {
@@ -1014,7 +1032,8 @@ static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
 
 /*
  * The attention CTAs ordered by their work (lpt_order: the many-CTA select
- * leaving the cut) give the same bits as in slot order (GPU_ATTN_SLOT_ORDER),
+ * leaving the cut, or the one-CTA select with GPU_ATTN_SELECT_ORDER: @sel)
+ * give the same bits as in slot order (GPU_ATTN_SLOT_ORDER),
  * and each context's order is a permutation of its slots by non-increasing
  * work as counted here from the step's scores and cut: per 32-block
  * granule the blocks at or above the cut's 16-bit bin (the sink always),
@@ -1023,12 +1042,11 @@ static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
  * is marked idle (GPU_ORDER_IDLE) iff that work is 0, and an idle slot's
  * part of its window takes no block by the cut's own rule (sel_take).
  */
-static void check_lpt_order(uint32_t extra)
+static void check_lpt_order(uint32_t sel, uint32_t extra)
 {
 	uint64_t seed = gu_seed();
 	const uint32_t H = LONG_H, nseg = LONG_NSEG;
-	const uint32_t fl = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_CHUNK_256 |
-			    GPU_ATTN_PARTS_2 | extra;
+	const uint32_t fl = GPU_ATTN_SMALL_ROWS | sel | GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_2 | extra;
 	struct gu_ctx c[MAXH];
 	struct run r;
 	long_run(c, &r, seed, 0.1, fl);
@@ -1178,7 +1196,14 @@ Test(gpu, wave_rank_snake)
 Test(gpu, packed_lpt_order, .timeout = 120)
 {
 	GU_NEED_GPU();
-	check_lpt_order(0);
+	check_lpt_order(GPU_ATTN_SELECT_MANY_CTAS, 0);
+}
+
+/* The same order from the one-CTA select (GPU_ATTN_SELECT_ORDER). */
+Test(gpu, packed_lpt_order_one_cta, .timeout = 120)
+{
+	GU_NEED_GPU();
+	check_lpt_order(GPU_ATTN_SELECT_ONE_CTA | GPU_ATTN_SELECT_ORDER, 0);
 }
 
 /* The same with the count's last CTA loading the windows after its exact
@@ -1187,7 +1212,7 @@ Test(gpu, packed_lpt_order, .timeout = 120)
 Test(gpu, packed_lpt_order_serial_tail, .timeout = 120)
 {
 	GU_NEED_GPU();
-	check_lpt_order(GPU_ATTN_SEL_TAIL_SERIAL);
+	check_lpt_order(GPU_ATTN_SELECT_MANY_CTAS, GPU_ATTN_SEL_TAIL_SERIAL);
 }
 
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
@@ -2093,6 +2118,17 @@ static uint64_t same_selection(struct run *r, const void *dheads, uint64_t seed,
 		GU_CK(cudaDeviceSynchronize());
 		for (uint32_t h = 0; h < r->H; h++)
 			cut_equals_list(r, h, nbs[h], pass ? &one[h] : &many[h], seed);
+		if (!pass)
+			continue;
+		/* and the one-CTA select ordering the attention CTAs
+		 * (GPU_ATTN_SELECT_ORDER): the same cut, every budget's mode */
+		GU_CK(cudaMemset(r->ws, 0xff, r->a.ws_bytes));
+		r->a.flags |= GPU_ATTN_SELECT_ORDER;
+		cr_assert_eq(gpu_attend_packed(&r->a, dheads, 0), 0);
+		GU_CK(cudaDeviceSynchronize());
+		r->a.flags &= ~GPU_ATTN_SELECT_ORDER;
+		for (uint32_t h = 0; h < r->H; h++)
+			cut_equals_list(r, h, nbs[h], &one[h], seed);
 	}
 	r->a.flags = g_flags;
 	for (uint32_t h = 0; h < r->H; h++) {
