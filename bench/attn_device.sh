@@ -5,7 +5,11 @@
 # targets, outside the tree, so that other components' work in progress
 # does not stop it.  Knobs: SKIP_TESTS, SKIP_BENCH, BENCH_T, ATTN_ARGS,
 # SANITIZE (default on), SAN_TESTS (binaries), SAN_ARGS (their arguments,
-# e.g. --filter 'gpu/*3stage*'), SAN_T, NCU, NCU_N, NCU_T.
+# e.g. --filter 'gpu/*3stage*'), SAN_T, NCU, NCU_N, NCU_T, and PAIRS:
+# bench/attn argument sets separated by ';', each run first, before the
+# tests (the paired mode: e.g. PAIRS="--pair 0,SELECT_ORDER --batch 8;
+# --pair 0,SELECT_ORDER --batch 1 --ctx 131072,262144"), their lines
+# in pairs.log and in the output.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -13,10 +17,19 @@ B=/tmp/b
 . .devdeps/env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 meson setup $B -Dcuda=enabled -Dtests=true > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
-ninja -C $B tests/gpu/test_gpu_attn tests/gpu/test_gpu_pack bench/attn > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+ninja -C $B tests/gpu/test_gpu_attn tests/gpu/test_gpu_pack tests/gpu/test_gpu_seq bench/attn > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+if [ -n "${PAIRS:-}" ]; then
+  echo "== pairs"
+  echo "$PAIRS" | tr ';' '\n' | while read -r args; do
+    [ -n "$args" ] || continue
+    echo "-- bench/attn $args" | tee -a "$OUT/pairs.log"
+    # shellcheck disable=SC2086 # one argument set, split on purpose
+    timeout 150 $B/bench/attn $args 2>&1 | grep -E "^pair|^attn:|RESULT" | tee -a "$OUT/pairs.log"
+  done
+fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== tests"
-  timeout 150 meson test -C $B --no-rebuild --print-errorlogs test_gpu_attn test_gpu_pack > "$OUT/test.log" 2>&1
+  timeout 200 meson test -C $B --no-rebuild --print-errorlogs test_gpu_attn test_gpu_pack test_gpu_seq > "$OUT/test.log" 2>&1
   # the tests' counts (criterion's summaries are in meson's log only)
   grep -h "Synthesis" $B/meson-logs/testlog.txt >> "$OUT/test.log" 2>/dev/null
   grep -E "^ *[0-9]+/[0-9]+ |Ok:|Fail:|Skipped:" "$OUT/test.log"
@@ -60,4 +73,4 @@ fi
 echo "== tests"
 grep -hE "Synthesis|\[FAIL\]" "$OUT/test.log" 2>/dev/null | head -10
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz ./*.log ./*.txt 2>/dev/null &&
- find . -maxdepth 1 -type f ! -name logs.tgz ! -name bench.log ! -name ab.txt -delete)
+ find . -maxdepth 1 -type f ! -name logs.tgz ! -name bench.log ! -name ab.txt ! -name pairs.log -delete)
