@@ -130,6 +130,15 @@ static int sm_count(int *nsm)
 	return 0;
 }
 
+/* The shared memory a CTA may ask for on this device (opt-in). */
+static int smem_optin(int *bytes)
+{
+	int dev = 0;
+	GPU_CK(cudaGetDevice(&dev));
+	GPU_CK(cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+	return 0;
+}
+
 /*
  * Blocks per work chunk (a CTA's share of one segment's selection), log2.
  * A wider chunk cuts the fixed work per selected block (the queries'
@@ -6281,14 +6290,21 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 			score = k_score<NQ, false, 3>;
 			rc = score_grid<NQ, 3>(a, score, &K, &gx, &smem);
 		} else if (st3 < 0 || spread_f) {
-			int nsm = 0;
-			rc = score_grid<NQ>(a, score, &K, &gx, &smem,
-					    sizeof(struct score_smem<NQP(NQ), 3>), &nsm);
-			/* undecided: unspread where the spread grid has no more
-			 * CTAs than SMs, as nothing is left to spread (a CTA
-			 * there takes one tile either way, as a rule) */
-			if (!rc && !spread_f && (uint64_t)gx * a->n_heads <= (uint64_t)nsm)
+			const size_t pad = sizeof(struct score_smem<NQP(NQ), 3>);
+			int nsm = 0, optin = 0;
+			/* undecided: not where the device cannot give the padding
+			 * (before sm_90 some cap a CTA below it) */
+			rc = spread_f ? 0 : smem_optin(&optin);
+			if (!rc && (spread_f || pad <= (size_t)optin)) {
+				rc = score_grid<NQ>(a, score, &K, &gx, &smem, pad, &nsm);
+				/* undecided: unspread where the spread grid has no
+				 * more CTAs than SMs, as nothing is left to spread (a
+				 * CTA there takes one tile either way, as a rule) */
+				if (!rc && !spread_f && (uint64_t)gx * a->n_heads <= (uint64_t)nsm)
+					rc = score_grid<NQ>(a, score, &K, &gx, &smem);
+			} else if (!rc) {
 				rc = score_grid<NQ>(a, score, &K, &gx, &smem);
+			}
 			st3 = 0;
 		} else {
 			rc = score_grid<NQ>(a, score, &K, &gx, &smem);
