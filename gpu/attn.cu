@@ -122,21 +122,18 @@ static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 enum ws_mode { WS_PACKED = 0, WS_QUEST = 1, WS_DENSE = 2 };
 
 /* The current device's SMs in *@nsm: 0 or a negative errno. */
-static int sm_count(int *nsm)
+/* Attribute @attr of the current device into *@v. */
+static int dev_attr(enum cudaDeviceAttr attr, int *v)
 {
 	int dev = 0;
 	GPU_CK(cudaGetDevice(&dev));
-	GPU_CK(cudaDeviceGetAttribute(nsm, cudaDevAttrMultiProcessorCount, dev));
+	GPU_CK(cudaDeviceGetAttribute(v, attr, dev));
 	return 0;
 }
 
-/* The shared memory a CTA may ask for on this device (opt-in). */
-static int smem_optin(int *bytes)
+static int sm_count(int *nsm)
 {
-	int dev = 0;
-	GPU_CK(cudaGetDevice(&dev));
-	GPU_CK(cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-	return 0;
+	return dev_attr(cudaDevAttrMultiProcessorCount, nsm);
 }
 
 /*
@@ -6284,30 +6281,30 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		uint32_t K, gx;
 		size_t smem;
 		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true> : k_score<NQ, false>;
-		int st3 = score_three_stages(a), rc;
-		const bool spread_f = (a->flags & GPU_ATTN_SCORE_SPREAD) != 0;
+		int st3 = score_three_stages(a), rc = 0;
 		if (st3 > 0) {
 			score = k_score<NQ, false, 3>;
 			rc = score_grid<NQ, 3>(a, score, &K, &gx, &smem);
-		} else if (st3 < 0 || spread_f) {
-			const size_t pad = sizeof(struct score_smem<NQP(NQ), 3>);
-			int nsm = 0, optin = 0;
-			/* undecided: not where the device cannot give the padding
-			 * (before sm_90 some cap a CTA below it) */
-			rc = spread_f ? 0 : smem_optin(&optin);
-			if (!rc && (spread_f || pad <= (size_t)optin)) {
-				rc = score_grid<NQ>(a, score, &K, &gx, &smem, pad, &nsm);
-				/* undecided: unspread where the spread grid has no
-				 * more CTAs than SMs, as nothing is left to spread (a
-				 * CTA there takes one tile either way, as a rule) */
-				if (!rc && !spread_f && (uint64_t)gx * a->n_heads <= (uint64_t)nsm)
-					rc = score_grid<NQ>(a, score, &K, &gx, &smem);
-			} else if (!rc) {
-				rc = score_grid<NQ>(a, score, &K, &gx, &smem);
-			}
-			st3 = 0;
 		} else {
-			rc = score_grid<NQ>(a, score, &K, &gx, &smem);
+			/* two stages: spread where forced or, undecided, where the
+			 * device can give the padding (before sm_90 some cap a
+			 * CTA below it) and the spread grid has more CTAs than
+			 * SMs; else nothing is left to spread (a CTA there takes
+			 * one tile either way, as a rule) */
+			const size_t pad = sizeof(struct score_smem<NQP(NQ), 3>);
+			const bool forced = (a->flags & GPU_ATTN_SCORE_SPREAD) != 0;
+			bool spread = forced;
+			int nsm = 0, optin = 0;
+			if (st3 < 0 && !forced && !(rc = dev_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin,
+								  &optin)))
+				spread = pad <= (size_t)optin;
+			if (!rc && spread)
+				rc = score_grid<NQ>(a, score, &K, &gx, &smem, pad, &nsm);
+			if (!rc && spread && !forced && (uint64_t)gx * a->n_heads <= (uint64_t)nsm)
+				spread = false;
+			if (!rc && !spread)
+				rc = score_grid<NQ>(a, score, &K, &gx, &smem);
+			st3 = 0;
 		}
 		if (rc)
 			return rc;
