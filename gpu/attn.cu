@@ -2208,10 +2208,12 @@ __device__ uint64_t sel_need(const struct sel_src &src, double frac, const uint8
 }
 
 static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
-					       const struct ws_layout &L, uint32_t h,
+					       const struct ws_layout &L, uint32_t h, uint32_t nh,
 					       struct sel_smem &sm, bool bound);
 
-/* One CTA's select of context @h.  Where L.lpt is set (cut-only steps
+/* One CTA's select of context @h, in a launch of one CTA a context along
+ * x (k_select, k_select_quest: gridDim.x contexts, which lpt_order needs
+ * for the segment notes' stride).  Where L.lpt is set (cut-only steps
  * with GPU_ATTN_SELECT_ORDER: lpt_of) it then orders the attention CTAs
  * as the many-CTA select's last CTA does (lpt_order), from the granules
  * its candidate pass wrote. */
@@ -2239,7 +2241,7 @@ __device__ void select_run(const struct sel_src src, double frac, char *ws,
 		/* the select's shared arrays and granules are done; without
 		 * the exact cut (select_slow) no idle marks, as msel_count */
 		__syncthreads();
-		lpt_order(src, ws, L, h, sm, !slow);
+		lpt_order(src, ws, L, h, gridDim.x, sm, !slow);
 	}
 	if (!L.cut_only)
 		build_chunks(src, nsel, ws, L, h, sm.scan);
@@ -2417,9 +2419,12 @@ static __device__ __forceinline__ uint32_t lpt_window(const struct sel_src &src,
 
 /* The order from the windows' entries @wn (lpt_window's, lpt_mw of them,
  * in shared memory, written before a barrier) and @in; @key (L.slots
- * words) and @bins (cw + 1 words) are shared scratch. */
+ * words) and @bins (cw + 1 words) are shared scratch.  @nh: the step's
+ * contexts (SEGNOTE's stride), gridDim.y in the many-CTA select but
+ * gridDim.x in k_select: reading gridDim.y there (3bc5c7d, 1) put the
+ * notes over the second context's histograms, where batch > 1. */
 static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char *ws,
-					      const struct ws_layout &L, uint32_t h,
+					      const struct ws_layout &L, uint32_t h, uint32_t nh,
 					      const uint32_t *wn, struct lpt_in in, uint32_t *key,
 					      uint32_t *bins, bool bound)
 {
@@ -2443,7 +2448,7 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 				mark = marks && bound;
 				if (mark && k == 0 && src.segs) {
 					/* as packed_cta_work counts an empty part */
-					uint32_t *note = SEGNOTE(ws, L, gridDim.y, h, wn[wx] >> 10);
+					uint32_t *note = SEGNOTE(ws, L, nh, h, wn[wx] >> 10);
 					atomicAdd(&note[0], 1u);
 					atomicMax(&note[1], ~x);
 				}
@@ -2480,7 +2485,7 @@ static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char 
 }
 
 static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char *ws,
-					       const struct ws_layout &L, uint32_t h,
+					       const struct ws_layout &L, uint32_t h, uint32_t nh,
 					       struct sel_smem &sm, bool bound)
 {
 	if (!lpt_room(src, L)) { /* no room: slot order */
@@ -2495,7 +2500,7 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 	for (uint32_t wx = threadIdx.x; wx < lpt_mw(L); wx += SEL_T)
 		sm.ciw[wx] = lpt_window(src, g32, wx, in.nw,
 					src.segs ? __ldcg(wd + wx) : make_uint4(0, 0, 0, 0));
-	lpt_rank(src, ws, L, h, sm.ciw, in, sm.ckey, sm.h, bound);
+	lpt_rank(src, ws, L, h, nh, sm.ciw, in, sm.ckey, sm.h, bound);
 }
 
 __device__ void msel_count(const struct sel_src src, double frac, char *ws,
@@ -2559,7 +2564,7 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 		}
 		if (L.lpt) {
 			__syncthreads(); /* select_slow's shared arrays are done */
-			lpt_order(src, ws, L, h, sm, false);
+			lpt_order(src, ws, L, h, gridDim.y, sm, false);
 		}
 		return;
 	}
@@ -2607,9 +2612,9 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	if (L.lpt) {
 		__syncthreads(); /* warp 0 has read sm.wcnt; sel_exact is done */
 		if (early)
-			lpt_rank(src, ws, L, h, sm.lwn, in, sm.ckey, sm.h, true);
+			lpt_rank(src, ws, L, h, gridDim.y, sm.lwn, in, sm.ckey, sm.h, true);
 		else
-			lpt_order(src, ws, L, h, sm, true);
+			lpt_order(src, ws, L, h, gridDim.y, sm, true);
 	}
 }
 
