@@ -6222,18 +6222,26 @@ static int msel_grid(const struct gpu_attn_args *a, uint32_t *R, uint32_t *gx, i
 	return 0;
 }
 
-/* Whether the step's select orders the attention CTAs (lpt_order): where
- * the many-CTA select (or with GPU_ATTN_SELECT_ORDER ours by one CTA)
- * leaves only the cut, unless GPU_ATTN_SLOT_ORDER;
- * for Quest (@quest) only with GPU_ATTN_WORK_ORDER (H200, 1M tokens,
- * batch 1, one run: 328.9 µs ordered, 325.6 in slot order; ours 217.1
- * and 219.5). */
+/* Whether the step's select orders the attention CTAs (lpt_order) where
+ * it leaves only the cut, unless GPU_ATTN_SLOT_ORDER: the many-CTA select
+ * always; ours by one CTA where the windows are 512 blocks wide
+ * (LPT_ONE_CTA_CWL) or GPU_ATTN_SELECT_ORDER forces it.  Why 512: the
+ * order's gain is the tail of CTAs of unequal work, and a window's work
+ * spreads with its width, while its cost (lpt_order after the one CTA's
+ * exact cut, and each attention CTA's load of its entry) does not.
+ * Measured (H100, forty-seventh session, bench/attn --pair, B - A in µs
+ * with the one-CTA select ordered): windows of 512, batch 8 at 128K
+ * -10.1 and batch 4 at 256K -5.6; of 128-256, +1.3 to +7.3 at batch 1,
+ * 4 and 8 from 32K to 256K.  For Quest (@quest) only the many-CTA
+ * select, with GPU_ATTN_WORK_ORDER (H200, 1M tokens, batch 1, one run:
+ * 328.9 µs ordered, 325.6 in slot order; ours 217.1 and 219.5). */
+#define LPT_ONE_CTA_CWL 9
 static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L, int many,
 		       bool quest)
 {
 	if (!L.cut_only || (a->flags & GPU_ATTN_SLOT_ORDER))
 		return 0;
-	if (!many && (quest || !(a->flags & GPU_ATTN_SELECT_ORDER)))
+	if (!many && (quest || !((a->flags & GPU_ATTN_SELECT_ORDER) || L.cwl >= LPT_ONE_CTA_CWL)))
 		return 0;
 	if (quest && !(a->flags & GPU_ATTN_WORK_ORDER))
 		return 0;

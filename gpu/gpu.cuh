@@ -295,12 +295,13 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
 #define GPU_ATTN_WORK_ORDER 262144u
 /* PackedAttention's one-CTA select (GPU_ATTN_SELECT_ONE_CTA, or chosen by
  * shape) orders the attention CTAs too, where it leaves only the cut: the
- * many-CTA select's order (lpt_order) without its launches.  Not measured
- * yet: the bench's ours_mny (many CTAs forced, so ordered) ran 6-8 µs
- * faster than ours at 128K tokens, batch 8, in three calls of the
- * forty-sixth session, though its score and select stages were 5-9 µs
- * slower; this tells whether the order was the gain.  The output is the
- * same bits either way. */
+ * many-CTA select's order (lpt_order) without its launches.  By default
+ * it does so only where the windows are 512 blocks wide (the contexts
+ * together hold 2^19 blocks or more: 128K tokens at batch 8, 256K at
+ * batch 4), where it measured 5.6-10.1 µs faster on the H100; below, it
+ * measured 1.3-7.3 µs slower (forty-seventh session).  This flag forces
+ * it at every width (GPU_ATTN_SLOT_ORDER turns every order off).  The
+ * output is the same bits either way. */
 #define GPU_ATTN_SELECT_ORDER 8388608u
 /* Where the CTAs are ordered by work, the attention kernel's first wave
  * takes the heaviest ranks spread over its SMs (gpu_wave_rank); with
