@@ -9,7 +9,7 @@
 # bench/attn argument sets separated by ';', each run first, before the
 # tests (the paired mode: e.g. PAIRS="--pair 0,SELECT_ORDER --batch 8;
 # --pair 0,SELECT_ORDER --batch 1 --ctx 131072,262144"), their lines
-# in pairs.log and in the output.
+# in pairs.log and in the output (PAIR_T: seconds a set, 150).
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -24,8 +24,13 @@ if [ -n "${PAIRS:-}" ]; then
     [ -n "$args" ] || continue
     echo "-- bench/attn $args" | tee -a "$OUT/pairs.log"
     # shellcheck disable=SC2086 # one argument set, split on purpose
-    timeout 150 $B/bench/attn $args 2>&1 | grep -E "^pair|^attn:|RESULT" | tee -a "$OUT/pairs.log"
+    timeout "${PAIR_T:-150}" $B/bench/attn $args > "$OUT/pair.tmp" 2>&1
+    rc=$?
+    grep -E "^pair|^attn:|RESULT" "$OUT/pair.tmp" | tee -a "$OUT/pairs.log"
+    # a set that timed out (124) or failed says so, with its last words
+    [ $rc = 0 ] || { echo "-- rc=$rc"; tail -3 "$OUT/pair.tmp"; } | tee -a "$OUT/pairs.log"
   done
+  rm -f "$OUT/pair.tmp"
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== tests"
