@@ -43,7 +43,7 @@
  *             timed in parts, clear + qrot, + the score kernel, + the select;
  *             --once: one call of each contender, untimed, for profilers: 1
  *             the main columns, 2 the same after ours_g2, 3 ours_mny,
- *             ours_mso, ours_mfl, 4 oscore, os_2st, os_3st)
+ *             ours_mso, 4 oscore, os_2st, os_3st)
  *             [--score-only 1] (the score kernel alone: the stage cut after
  *             it, less the stage cut before it, by default, with the fine
  *             histogram global, two and three stages forced, and over
@@ -274,26 +274,6 @@ static int f_quest_ss_fma(const struct gpu_attn_args *a, const void *h, cudaStre
 {
 	return qss_with(a, h, s, GPU_ATTN_SCORE_FMA);
 }
-/* the step's clear as a memset node before k_qrot (GPU_ATTN_CLEAR_MEMSET:
- * the version before k_qrot cleared it), the step and our score stage */
-static int f_packed_cm(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CLEAR_MEMSET);
-}
-static int f_packed_ss_cm(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return ss_with(a, h, s, GPU_ATTN_CLEAR_MEMSET);
-}
-/* the score kernel waiting for k_qrot before it loads anything
- * (GPU_ATTN_SCORE_LATE: no early loads), the step and our score stage */
-static int f_packed_late(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_LATE);
-}
-static int f_packed_ss_late(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return ss_with(a, h, s, GPU_ATTN_SCORE_LATE);
-}
 /* the score kernel with two stages of tiles unspread forced
  * (GPU_ATTN_SCORE_2STAGE: three CTAs an SM) and three forced
  * (GPU_ATTN_SCORE_3STAGE): the step and our score stage */
@@ -341,24 +321,6 @@ static int f_packed_many_ni(const struct gpu_attn_args *a, const void *h, cudaSt
 {
 	return packed_with(a, h, s,
 			   GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_NO_IDLE);
-}
-/* the step and the many-CTA one with the first wave in rank order
- * (GPU_ATTN_ORDER_FLAT: the version before the thirty-eighth session) */
-static int f_packed_ofl(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_ORDER_FLAT);
-}
-static int f_packed_many_fl(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return packed_with(a, h, s,
-			   GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_ORDER_FLAT);
-}
-/* the many-CTA select's tail in its serial order (GPU_ATTN_SEL_TAIL_SERIAL:
- * the order's windows and the per-CTA counts loaded after the exact cut,
- * the version before the thirty-seventh session) */
-static int f_packed_sts(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SEL_TAIL_SERIAL);
 }
 /* Quest with its CTAs ordered by work (GPU_ATTN_WORK_ORDER; by default
  * it keeps slot order, where it measured faster) */
@@ -907,14 +869,11 @@ static const struct {
 	{"PART_64", GPU_ATTN_PART_64},
 	{"NO_IDLE", GPU_ATTN_NO_IDLE},
 	{"SCORE_FMA", GPU_ATTN_SCORE_FMA},
-	{"CLEAR_MEMSET", GPU_ATTN_CLEAR_MEMSET},
-	{"SCORE_LATE", GPU_ATTN_SCORE_LATE},
 	{"SEL_TAIL_SERIAL", GPU_ATTN_SEL_TAIL_SERIAL},
 	{"SELECT_ONE_CTA", GPU_ATTN_SELECT_ONE_CTA},
 	{"SELECT_MANY_CTAS", GPU_ATTN_SELECT_MANY_CTAS},
 	{"SLOT_ORDER", GPU_ATTN_SLOT_ORDER},
 	{"WORK_ORDER", GPU_ATTN_WORK_ORDER},
-	{"ORDER_FLAT", GPU_ATTN_ORDER_FLAT},
 	{"SCORE_2STAGE", GPU_ATTN_SCORE_2STAGE},
 	{"SCORE_3STAGE", GPU_ATTN_SCORE_3STAGE},
 	{"FINE_GLOBAL", GPU_ATTN_FINE_GLOBAL},
@@ -997,7 +956,7 @@ int main(int argc, char **argv)
 				if (!p) {
 					fprintf(stderr, "attn: --pair takes flag sets, numbers or "
 							"GPU_ATTN_ names without the prefix joined "
-							"by '+', e.g. 0,SEL_TAIL_SERIAL,SLOT_ORDER+NO_IDLE\n");
+							"by '+', e.g. 0,SELECT_ORDER,SLOT_ORDER+NO_IDLE\n");
 					return 2;
 				}
 				npair++;
@@ -1097,21 +1056,23 @@ int main(int argc, char **argv)
 	int npres = 0;
 	if (!npair) /* the table's header (the paired mode prints none) */
 		printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
-		       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | "
-		       "%9s %9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s "
-		       "%9s | %9s %9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | "
-		       "%9s %9s %9s %9s | %9s %9s %9s %9s\n",
-		       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us", "qscore", "ours_us",
-		       "oscore", "ours_cc", "x_dense", "x_sdpa", "x_quest", "x_score", "ours_TBs", "bwfrac",
-		       "ours_q6", "ours_w", "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
-		       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl", "ours_pos", "pos_128",
-		       "pos_512", "ours_s8", "os_s8", "pos_s8", "x_sc_s8", "ps8_ma", "oscut", "qscut",
-		       "os8cut", "x_sccut", "x_s8cut", "ours_p1", "ours_p2", "ours_p4", "ps8_p1", "quest_p2",
-		       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni", "ours_fma", "os_fma",
-		       "qs_fma", "ours_g2", "g2_s8", "x_d_g2", "bwf_g2", "g2_512", "g28_512", "ours_cm",
-		       "os_cm", "g28_cm", "ours_lt", "os_lt", "g28_lt", "ours_sts", "g28_sts", "ours_mny",
-		       "g28_mny", "ours_mso", "ours_mni", "ours_mfl", "ours_ofl", "ours_2st", "os_2st",
-		       "ours_3st", "os_3st", "ours_fg", "os_fg", "os8_fg", "g28_fg");
+		       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | %9s "
+		       "%9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s "
+		       "%9s %9s | %9s %9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s %9s | %9s %9s "
+		       "%9s %9s | %9s %9s %9s %9s\n",
+		       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us",
+		       "qscore", "ours_us", "oscore", "ours_cc", "x_dense", "x_sdpa",
+		       "x_quest", "x_score", "ours_TBs", "bwfrac", "ours_q6", "ours_w",
+		       "q6_w", "os_1cta", "os_many", "ours_3", "q6_3", "ours_64",
+		       "ours_128", "ours_256", "ours_512", "ours_sl", "quest_sl",
+		       "ours_pos", "pos_128", "pos_512", "ours_s8", "os_s8", "pos_s8",
+		       "x_sc_s8", "ps8_ma", "oscut", "qscut", "os8cut", "x_sccut",
+		       "x_s8cut", "ours_p1", "ours_p2", "ours_p4", "ps8_p1", "quest_p2",
+		       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni",
+		       "ours_fma", "os_fma", "qs_fma", "ours_g2", "g2_s8", "x_d_g2",
+		       "bwf_g2", "g2_512", "g28_512", "ours_mny", "g28_mny", "ours_mso",
+		       "ours_mni", "ours_2st", "os_2st", "ours_3st", "os_3st", "ours_fg",
+		       "os_fg", "os8_fg", "g28_fg");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
 	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
@@ -1140,10 +1101,9 @@ int main(int argc, char **argv)
 				}
 				continue;
 			}
-			if (once == 3) { /* ours_mny, ours_mso, ours_mfl (ncu, cta_probe) */
+			if (once == 3) { /* ours_mny, ours_mso (ncu, cta_probe) */
 				RC(f_packed_many(&a, dheads, st));
 				RC(f_packed_many_so(&a, dheads, st));
-				RC(f_packed_many_fl(&a, dheads, st));
 				CK(cudaStreamSynchronize(st));
 				continue;
 			}
@@ -1250,26 +1210,12 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_qsfm = capture(f_quest_ss_fma, &a, ddense);
 			double t_pfm = time_graph(g_pfm, 1), t_psfm = time_graph(g_psfm, 1);
 			double t_qsfm = time_graph(g_qsfm, 1);
-			cudaGraphExec_t g_pcm = capture(f_packed_cm, &a, dheads);
-			cudaGraphExec_t g_pscm = capture(f_packed_ss_cm, &a, dheads);
-			double t_pcm = time_graph(g_pcm, 1), t_pscm = time_graph(g_pscm, 1);
-			cudaGraphExecDestroy(g_pcm);
-			cudaGraphExecDestroy(g_pscm);
-			cudaGraphExec_t g_plt = capture(f_packed_late, &a, dheads);
-			cudaGraphExec_t g_pslt = capture(f_packed_ss_late, &a, dheads);
-			double t_plt = time_graph(g_plt, 1), t_pslt = time_graph(g_pslt, 1);
-			double t_psts = time_step(f_packed_sts, &a, dheads);
 			double t_pmny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExec_t g_pmso = capture(f_packed_many_so, &a, dheads);
 			cudaGraphExec_t g_pmni = capture(f_packed_many_ni, &a, dheads);
 			double t_pmso = time_graph(g_pmso, 1), t_pmni = time_graph(g_pmni, 1);
 			cudaGraphExecDestroy(g_pmso);
 			cudaGraphExecDestroy(g_pmni);
-			cudaGraphExec_t g_pmfl = capture(f_packed_many_fl, &a, dheads);
-			cudaGraphExec_t g_pofl = capture(f_packed_ofl, &a, dheads);
-			double t_pmfl = time_graph(g_pmfl, 1), t_pofl = time_graph(g_pofl, 1);
-			cudaGraphExecDestroy(g_pmfl);
-			cudaGraphExecDestroy(g_pofl);
 			cudaGraphExec_t g_p2st = capture(f_packed_2st, &a, dheads);
 			cudaGraphExec_t g_ps2st = capture(f_packed_ss_2st, &a, dheads);
 			cudaGraphExec_t g_p3st = capture(f_packed_3st, &a, dheads);
@@ -1280,8 +1226,6 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_ps2st);
 			cudaGraphExecDestroy(g_p3st);
 			cudaGraphExecDestroy(g_ps3st);
-			cudaGraphExecDestroy(g_plt);
-			cudaGraphExecDestroy(g_pslt);
 			cudaGraphExec_t g_pfg = capture(f_packed_fg, &a, dheads);
 			cudaGraphExec_t g_psfg = capture(f_packed_ss_fg, &a, dheads);
 			double t_pfg = time_graph(g_pfg, 1), t_psfg = time_graph(g_psfg, 1);
@@ -1360,15 +1304,9 @@ int main(int argc, char **argv)
 			make_heads(&s, H, L, dsegs, dheads, ddense, 6);
 			cudaGraphExec_t g_pg28 = capture(f_packed, &a, dheads);
 			cudaGraphExec_t g_pg285 = capture(f_packed_512, &a, dheads);
-			cudaGraphExec_t g_pg28cm = capture(f_packed_cm, &a, dheads);
 			double t_pg28 = time_graph(g_pg28, 1), t_pg285 = time_graph(g_pg285, 1);
-			cudaGraphExec_t g_pg28lt = capture(f_packed_late, &a, dheads);
-			double t_pg28cm = time_graph(g_pg28cm, 1), t_pg28lt = time_graph(g_pg28lt, 1);
-			double t_pg28sts = time_step(f_packed_sts, &a, dheads);
 			double t_pg28fg = time_step(f_packed_fg, &a, dheads);
 			double t_pg28mny = time_step(f_packed_many, &a, dheads);
-			cudaGraphExecDestroy(g_pg28cm);
-			cudaGraphExecDestroy(g_pg28lt);
 			cudaGraphExecDestroy(g_pg28);
 			cudaGraphExecDestroy(g_pg285);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
@@ -1398,23 +1336,23 @@ int main(int argc, char **argv)
 			double bwf = bytes / (t_p * 1e-6) / copy_bw;
 			printf("%5u %8u | %9.1f %9.1f %6.3f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %7.2f %7.2f "
 			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f "
-			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | "
-			       "%9.1f %9.1f %9.1f %7.2f %9.1f | %9.1f %9.1f %9.1f %7.2f %7.2f | "
-			       "%9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f "
-			       "%9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %7.2f %6.3f %9.1f %9.1f | %9.1f %9.1f "
-			       "%9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f | "
-			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f\n",
-			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc, t_d / t_p, sd / t_p,
-			       t_q / t_p, t_qs / t_ps, bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc,
-			       t_pqs, t_ps1, t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
-			       t_qsl, t_pp, t_pp128, t_pp512, t_p8, t_ps8, t_pp8, t_qs / t_ps8, t_pp8m,
-			       t_pcut, t_qcut, t_ps8c, t_qcut / t_pcut, t_qcut / t_ps8c, t_p1, t_p2, t_p4,
-			       t_pp81, t_qp2, t_pso, t_qso, t_pp8so, t_pb64, t_pp8b, t_pni, t_pfm,
+			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f "
+			       "%7.2f %9.1f | %9.1f %9.1f %9.1f %7.2f %7.2f | %9.1f %9.1f %9.1f %9.1f %9.1f | "
+			       "%9.1f %9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %7.2f "
+			       "%6.3f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %9.1f "
+			       "%9.1f %9.1f %9.1f\n",
+			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc,
+			       t_d / t_p, sd / t_p, t_q / t_p, t_qs / t_ps,
+			       bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc, t_pqs, t_ps1,
+			       t_psm, t_p3, t_pq3, t_p64, t_p128, t_p256, t_p512, t_psl,
+			       t_qsl, t_pp, t_pp128, t_pp512, t_p8, t_ps8, t_pp8,
+			       t_qs / t_ps8, t_pp8m, t_pcut, t_qcut, t_ps8c,
+			       t_qcut / t_pcut, t_qcut / t_ps8c, t_p1, t_p2, t_p4, t_pp81,
+			       t_qp2, t_pso, t_qso, t_pp8so, t_pb64, t_pp8b, t_pni, t_pfm,
 			       t_psfm, t_qsfm, t_pg2, t_pg28, t_d / t_pg2,
-			       bytes_g2 / (t_pg2 * 1e-6) / copy_bw, t_pg25, t_pg285, t_pcm, t_pscm,
-			       t_pg28cm, t_plt, t_pslt, t_pg28lt, t_psts, t_pg28sts,
-			       t_pmny, t_pg28mny, t_pmso, t_pmni, t_pmfl, t_pofl, t_p2st, t_ps2st,
-			       t_p3st, t_ps3st, t_pfg, t_psfg, t_ps8fg, t_pg28fg);
+			       bytes_g2 / (t_pg2 * 1e-6) / copy_bw, t_pg25, t_pg285,
+			       t_pmny, t_pg28mny, t_pmso, t_pmni, t_p2st, t_ps2st, t_p3st,
+			       t_ps3st, t_pfg, t_psfg, t_ps8fg, t_pg28fg);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -1482,7 +1420,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_cm, os_cm, g28_cm = ours, oscore, g2_s8 with the step's clear as a memset node before k_qrot, GPU_ATTN_CLEAR_MEMSET: the version before k_qrot cleared it; ours_lt, os_lt, g28_lt = ours, oscore, g2_s8 with each score CTA waiting for k_qrot before it loads anything, GPU_ATTN_SCORE_LATE: the version before its first two tiles' summaries were issued before the wait (three stages, GPU_ATTN_SCORE_3STAGE, take no early loads); ours_sts, g28_sts = ours, g2_s8 with the many-CTA select's last CTA loading the attention order's windows and the per-CTA counts after its exact cut, GPU_ATTN_SEL_TAIL_SERIAL: the version before those loads went beside the candidates; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, which orders the attention CTAs (the one-CTA select orders them only where windows are 512 blocks wide); ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_mfl, ours_ofl = ours_mny, ours with the first wave in rank order, GPU_ATTN_ORDER_FLAT: the version before its heavy CTAs were spread over the SMs; ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, three CTAs an SM, GPU_ATTN_SCORE_2STAGE: the version before two spread over the SMs (two CTAs an SM, GPU_ATTN_SCORE_SPREAD) became the default wherever that grid has more CTAs than SMs; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE: the default before the spread where CTAs took eight tiles or more; ours_fg, os_fg, os8_fg, g28_fg = ours, oscore, os_s8, g2_s8 with the score kernel's fine histogram added to global memory by every warp, GPU_ATTN_FINE_GLOBAL: the version before each CTA summed its bins in shared memory)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, which orders the attention CTAs (the one-CTA select orders them only where windows are 512 blocks wide); ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, three CTAs an SM, GPU_ATTN_SCORE_2STAGE: the version before two spread over the SMs (two CTAs an SM, GPU_ATTN_SCORE_SPREAD) became the default wherever that grid has more CTAs than SMs; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE: the default before the spread where CTAs took eight tiles or more; ours_fg, os_fg, os8_fg, g28_fg = ours, oscore, os_s8, g2_s8 with the score kernel's fine histogram added to global memory by every warp, GPU_ATTN_FINE_GLOBAL: the version before each CTA summed its bins in shared memory)\n", RQ);
 
 	if (once)
 		return 0;

@@ -52,7 +52,6 @@
  * weight directly. */
 #define HT_SLOTS (HIST_HI / 2)
 #define HT_PROBES 8
-#define SCORE_OPT_PRE 1u         /* k_score's @opt: early loads (no GPU_ATTN_SCORE_LATE) */
 #define SCORE_OPT_FINE_GLOBAL 2u /* GPU_ATTN_FINE_GLOBAL */
 #define DENSE_T 1024   /* dense-kernel tokens per CTA */
 #define NQP(nq) ((nq) == 3 ? 4 : (nq))
@@ -541,7 +540,7 @@ __device__ void wins_before_cta(const struct gpu_head *H, uint32_t si, uint32_t 
  * it was a launch and a dependency of its own in the step's chain (the
  * score kernel, which adds into them, starts after that grid has
  * completed; k_qrot reads none of them).  The stores go out and are not
- * waited on.  @clear_words 0: the launch cleared them (GPU_ATTN_CLEAR_MEMSET). */
+ * waited on.  @clear_words 0: the launch cleared them (a memset node). */
 __device__ __forceinline__ void qrot_clear(char *ws, uint32_t clear_words)
 {
 	if (!clear_words)
@@ -1365,11 +1364,13 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	uint8_t *ntok = WSP(uint8_t, L, ntok, ws, blockIdx.y);
 	uint32_t *hist = HIST(ws, blockIdx.y);
 	const bool fine_g = opt & SCORE_OPT_FINE_GLOBAL;
-	uint32_t pre = opt & SCORE_OPT_PRE;
+	/* two stages take the early loads below, three none (not const: a
+	 * constant 0 makes nvcc warn at each comparison with npre) */
+	bool pre = NS == 2;
 	static_assert(sizeof(sm.ht) == sizeof(sm.hi), "the table where the coarse bins were");
 	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
 		sm.hi[i] = 0; /* or the table's keys and counts */
-	/* prologue.  @pre (the default; not with GPU_ATTN_SCORE_LATE): the first two tiles'
+	/* prologue.  @pre (two stages): the first two tiles'
 	 * descriptors are built here (score_tile_of, the segment by a search
 	 * in the caller's table, as k_qrot builds them) and their summaries
 	 * issued into both stages before the programmatic-launch wait, so
@@ -1377,8 +1378,6 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	 * meanwhile; only the queries wait for k_qrot.  Else descriptors 0
 	 * and 1 from k_qrot's table, then tile 0 (NS = 3: descriptors 0 to 3,
 	 * then tiles 0 and 1; no early loads) */
-	if (NS != 2)
-		pre = 0; /* the launch passes none either */
 	const uint32_t npre = pre && H->nseg ? min(nt, 2u) : 0u;
 	if (npre) {
 		const uint32_t w = threadIdx.x >> 5;
@@ -2539,8 +2538,11 @@ __device__ void msel_count(const struct sel_src src, double frac, char *ws,
 	 * the candidates, the per-CTA counts (the offsets: warp 0, two CTAs
 	 * a lane, MSEL_MAXC = 64) and the order's window entries, then those
 	 * windows' granules; after the cut they were four (candidates;
-	 * counts; entries; granules).  GPU_ATTN_SEL_TAIL_SERIAL (L.lpt bit 2)
-	 * keeps that order */
+	 * counts; entries; granules: about 1 % slower at 512K in the
+	 * thirty-seventh session, within noise paired in the forty-fifth;
+	 * kept as the shorter chain).  Where the order's windows outnumber
+	 * the threads, or with GPU_ATTN_SEL_TAIL_SERIAL (L.lpt bit 2, the
+	 * tests' way onto that path), they wait for lpt_order after the cut */
 	uint32_t nc = __ldcg(&X[SX_NCAND]);
 	const uint32_t gx = gridDim.x, k0 = 2 * lane, k1 = k0 + 1;
 	uint32_t v0 = 0, v1 = 0;
@@ -6251,14 +6253,14 @@ static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L,
 }
 
 /* The attention kernel's first wave for gpu_wave_rank (L.wc, L.wm) where
- * its CTAs are ordered (L.lpt), unless GPU_ATTN_ORDER_FLAT: @kern's
+ * its CTAs are ordered (L.lpt): @kern's
  * 128-thread CTAs an SM at @smem bytes, and the SMs they fill (fewer where
  * the grid is smaller). */
 template <typename K>
 static int wave_of(const struct gpu_attn_args *a, struct ws_layout &L, K kern, size_t smem)
 {
 	L.wc = L.wm = 0;
-	if (!L.lpt || (a->flags & GPU_ATTN_ORDER_FLAT))
+	if (!L.lpt)
 		return 0;
 	int nsm = 0, occ = 0, rc = sm_count(&nsm);
 	if (rc)
@@ -6277,10 +6279,10 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 			       struct ws_layout &L, cudaStream_t s, int upto = 3)
 {
 	char *ws = (char *)a->ws;
-	/* the score kernel adds into the histograms: k_qrot clears them
-	 * (GPU_ATTN_CLEAR_MEMSET: a memset node before it, the version before) */
+	/* the score kernel adds into the histograms: k_qrot clears them (a
+	 * memset node before it where the words overflow its count) */
 	uint32_t clear_words = (uint32_t)(clear_bytes(a) / 4);
-	if ((a->flags & GPU_ATTN_CLEAR_MEMSET) || clear_bytes(a) / 4 >= UINT32_MAX / 2) {
+	if (clear_bytes(a) / 4 >= UINT32_MAX / 2) {
 		GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
 		clear_words = 0;
 	}
@@ -6321,9 +6323,7 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		}
 		if (rc)
 			return rc;
-		uint32_t opt = (!st3 && !(a->flags & GPU_ATTN_SCORE_LATE)) ? SCORE_OPT_PRE : 0u;
-		if (a->flags & GPU_ATTN_FINE_GLOBAL)
-			opt |= SCORE_OPT_FINE_GLOBAL;
+		const uint32_t opt = a->flags & GPU_ATTN_FINE_GLOBAL ? SCORE_OPT_FINE_GLOBAL : 0u;
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
 				  ws, L, K, opt));
 	}

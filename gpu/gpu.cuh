@@ -244,21 +244,6 @@ struct gpu_attn_args {
  * default: the score stages measured within noise of it (H100, thirty-
  * fifth session; bench/attn's ours_fma, os_fma, qs_fma); kept to compare. */
 #define GPU_ATTN_SCORE_FMA 2097152u
-/* The step's histograms and select state are cleared by a memset before
- * the first kernel (the version before k_qrot cleared them itself, a
- * slice a CTA, one launch fewer in the step's chain; kept to compare). */
-#define GPU_ATTN_CLEAR_MEMSET 4194304u
-/* Each score CTA waits for k_qrot before it builds or loads anything, the
- * version before the early loads became the default (two-stage score
- * kernel: each CTA builds its first two tiles' descriptors and issues
- * their summaries before it waits, so that where it is resident while
- * k_qrot runs those bytes arrive meanwhile).  Why the early loads: paired
- * on an H100 (forty-fifth session, bench/attn --pair, the median of the
- * rounds' differences, two calls), the step at batch 1 with them was
- * 0.8 µs faster at 32K tokens, 1.7-1.8 at 128K, 5.1-5.6 at 512K, 0.5-1.2
- * at 1M, and 0.6-1.5 slower at 256K (where three stages, which take no
- * early loads, now run: GPU_ATTN_SCORE_3STAGE).  Kept to compare. */
-#define GPU_ATTN_SCORE_LATE 536870912u
 /* Where the score kernel runs two stages of tiles, it asks for the
  * three-stage kernel's shared memory (unused past its own), so that an
  * SM holds two of its CTAs, not three, and its grid is sized for that
@@ -269,9 +254,12 @@ struct gpu_attn_args {
  * batch 1-8 and 32K-1M where they were the default, and two unspread by
  * 3.3-7.1 µs at 128K-256K batch 1. */
 #define GPU_ATTN_SCORE_SPREAD 1073741824u
-/* The many-CTA select's last CTA loads the order's windows and the
- * per-CTA counts after its exact cut, as before the thirty-seventh
- * session (by default beside the candidates, before the cut). */
+/* The many-CTA select's last CTA loads the order's windows after its
+ * exact cut (lpt_order), as where a context's windows outnumber its
+ * threads; by default it loads them beside the candidates, before the
+ * cut.  Kept for the tests, which reach that path with no 1M-token
+ * context; its speed was settled (within noise, paired: forty-fifth
+ * session). */
 #define GPU_ATTN_SEL_TAIL_SERIAL 16777216u
 /* 1 if @sg (a host copy) keeps GPU_ATTN_SMALL_ROWS' promise at head
  * dimension @d, else 0 (also for NULL). */
@@ -303,11 +291,6 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * it at every width (GPU_ATTN_SLOT_ORDER turns every order off).  The
  * output is the same bits either way. */
 #define GPU_ATTN_SELECT_ORDER 8388608u
-/* Where the CTAs are ordered by work, the attention kernel's first wave
- * takes the heaviest ranks spread over its SMs (gpu_wave_rank); with
- * GPU_ATTN_ORDER_FLAT it takes them in rank order, as before the
- * thirty-eighth session (kept to compare). */
-#define GPU_ATTN_ORDER_FLAT 33554432u
 /* The score kernel with two stages of tiles (one in flight a CTA while
  * one is scored), three CTAs an SM unless GPU_ATTN_SCORE_SPREAD: the
  * version before the spread became the default; kept to compare. */
@@ -315,7 +298,8 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
 /* The score kernel with three stages of tiles (two in flight a CTA while
  * one is scored; two CTAs an SM by shared memory) instead of two, forced;
  * never with GPU_ATTN_SCORE_FMA, and three stages take no early loads
- * (GPU_ATTN_SCORE_LATE).  The default from the thirty-ninth to the
+ * (the two-stage kernel issues its first two tiles' summaries before it
+ * waits for k_qrot).  The default from the thirty-ninth to the
  * forty-fifth session where the two-stage grid gave each CTA eight tiles
  * or more (and at 128K-256K batch 1 from `66d1424`); two stages spread
  * (GPU_ATTN_SCORE_SPREAD) replaced it.  Kept to compare. */
@@ -326,6 +310,13 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * end (attn.cu hist_add_ht); kept to compare.  The histograms, and so
  * the selection, are the same either way. */
 #define GPU_ATTN_FINE_GLOBAL 268435456u
+/* Free bits: 1 << 22, 1 << 25, 1 << 29 and 1 << 31.  The forty-seventh
+ * session retired three flags whose pairs had settled them, each the
+ * version before a change kept since: GPU_ATTN_CLEAR_MEMSET (the step's
+ * clear as a memset node, before k_qrot cleared it), _SCORE_LATE (no
+ * early loads in the score kernel) and _ORDER_FLAT (the first wave in
+ * rank order, before gpu_wave_rank spread it); gpu/NOTES.md and
+ * docs/PERF.md keep their figures. */
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads
@@ -355,7 +346,7 @@ static inline GPU_HD uint32_t gpu_wave_rank(uint32_t b, uint32_t wc, uint32_t wm
 GPU_HIDDEN size_t gpu_attn_ws_bytes(const struct gpu_attn_args *a);
 /* Zero the score histograms of fresh scratch.  Optional: every call clears
  * them itself (PackedAttention's first kernel, k_qrot, a slice a CTA, or a
- * memset node with GPU_ATTN_CLEAR_MEMSET; Quest's step by a memset node). */
+ * memset node where they pass 2^33 bytes; Quest's step by a memset node). */
 GPU_HIDDEN int gpu_attn_ws_init(const struct gpu_attn_args *a, cudaStream_t s);
 
 /* 1 if a CUDA device is usable, 0 if none, negative errno on error.  Touches

@@ -272,8 +272,8 @@ Test(gpu, packed_nq2_full) { check_packed(64, 2, 2, 1, 16, 1.0, 20); }
 /* a step with the scores as two sums of fused products (GPU_ATTN_SCORE_FMA) */
 /* A step on a scratch whose histograms, select state and segment notes
  * hold garbage (every byte 0xff after gpu_attn_ws_init): k_qrot clears
- * them (or, with GPU_ATTN_CLEAR_MEMSET, a memset before it); one CTA's
- * select and many CTAs' (whose tickets and counters are in that state) */
+ * them; one CTA's select and many CTAs' (whose tickets and counters are
+ * in that state) */
 Test(gpu, packed_poisoned_state)
 {
 	g_poison = 1;
@@ -290,12 +290,6 @@ Test(gpu, packed_poisoned_state_one_cta_order)
 	g_poison = 1;
 	g_flags = GPU_ATTN_SELECT_ONE_CTA | GPU_ATTN_SELECT_ORDER | GPU_ATTN_SMALL_ROWS;
 	check_packed(128, 4, 1, 1, 16, 0.15, 20);
-}
-Test(gpu, packed_poisoned_state_memset)
-{
-	g_poison = 1;
-	g_flags = GPU_ATTN_CLEAR_MEMSET | GPU_ATTN_SELECT_MANY_CTAS;
-	check_packed(64, 2, 1, 0, 8, 0.2, 5);
 }
 
 Test(gpu, packed_llama_shape_fma)
@@ -1052,8 +1046,6 @@ static void check_lpt_order(uint32_t sel, uint32_t extra)
 	long_run(c, &r, seed, 0.1, fl);
 	same_bits(&r, seed, fl | GPU_ATTN_NO_IDLE, fl | GPU_ATTN_SLOT_ORDER,
 		  "ordered CTAs without idle marks and slot-order CTAs");
-	same_bits(&r, seed, fl | GPU_ATTN_ORDER_FLAT, fl | GPU_ATTN_SLOT_ORDER,
-		  "ordered CTAs with the first wave in rank order and slot-order CTAs");
 	/* the ordered run last: its scratch is read below */
 	same_bits(&r, seed, fl | GPU_ATTN_SLOT_ORDER, fl, "ordered and slot-order CTAs");
 	for (uint32_t h = 0; h < H; h++) {
@@ -1920,41 +1912,20 @@ Test(gpu, select_1m_tokens_fine_global)
  * tiles (rows past a tile's segment); k_score finds its first tiles'
  * segments itself (seg_of_block_warp: one sample round, then two, then a
  * search within the sampled range) and builds their descriptors as
- * k_qrot does, or with GPU_ATTN_SCORE_LATE takes them all from k_qrot's
- * table after its wait. */
+ * k_qrot does, or with three stages (GPU_ATTN_SCORE_3STAGE, the tests
+ * below) takes them all from k_qrot's table after its wait. */
 Test(gpu, select_40_segments) { check_synth_select(64000, 40); }
 Test(gpu, select_1030_segments) { check_synth_select(65920, 1030); }
-Test(gpu, select_16_segments_late)
-{
-	g_flags = GPU_ATTN_SCORE_LATE;
-	check_synth_select(65536, 16);
-}
-Test(gpu, select_40_segments_late)
-{
-	g_flags = GPU_ATTN_SCORE_LATE;
-	check_synth_select(64000, 40);
-}
-Test(gpu, select_1030_segments_late)
-{
-	g_flags = GPU_ATTN_SCORE_LATE;
-	check_synth_select(65920, 1030);
-}
 /* two stages forced (GPU_ATTN_SCORE_2STAGE) over 1M tokens */
 Test(gpu, select_1m_tokens_2stage)
 {
 	g_flags = GPU_ATTN_SCORE_2STAGE;
 	check_synth_select(65536, 16);
 }
-Test(gpu, select_40_segments_many_ctas_late)
+Test(gpu, select_40_segments_many_ctas_3stage)
 {
-	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SCORE_LATE;
+	g_flags = GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SCORE_3STAGE;
 	check_synth_select(64000, 40);
-}
-/* the whole step with GPU_ATTN_SCORE_LATE, bf16 and 8-bit summaries */
-Test(gpu, packed_small_llama_shape_late)
-{
-	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_LATE;
-	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
 /* two stages with three stages' shared memory (GPU_ATTN_SCORE_SPREAD,
  * the default where that grid has more CTAs than SMs) forced: its grid
@@ -2010,12 +1981,6 @@ Test(gpu, packed_small_llama_shape_3stage)
 Test(gpu, packed_sum8_llama_shape_3stage)
 {
 	g_flags = GPU_ATTN_SCORE_3STAGE;
-	g_sum8 = ~0u;
-	check_packed(128, 4, 1, 1, 16, 0.1, 37);
-}
-Test(gpu, packed_sum8_llama_shape_late)
-{
-	g_flags = GPU_ATTN_SCORE_LATE;
 	g_sum8 = ~0u;
 	check_packed(128, 4, 1, 1, 16, 0.1, 37);
 }
