@@ -2420,8 +2420,9 @@ static __device__ __forceinline__ uint32_t lpt_window(const struct sel_src &src,
  * in shared memory, written before a barrier) and @in; @key (L.slots
  * words) and @bins (cw + 1 words) are shared scratch.  @nh: the step's
  * contexts (SEGNOTE's stride), gridDim.y in the many-CTA select but
- * gridDim.x in k_select: reading gridDim.y there (3bc5c7d, 1) put the
- * notes over the second context's histograms, where batch > 1. */
+ * gridDim.x in k_select, whose gridDim.y is 1: reading gridDim.y here
+ * (3bc5c7d) put k_select's notes over the second context's histograms
+ * wherever a step had more than one context. */
 static __device__ __forceinline__ void lpt_rank(const struct sel_src &src, char *ws,
 					      const struct ws_layout &L, uint32_t h, uint32_t nh,
 					      const uint32_t *wn, struct lpt_in in, uint32_t *key,
