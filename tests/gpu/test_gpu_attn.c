@@ -269,7 +269,6 @@ Test(gpu, packed_d64_nq3_b8) { check_packed(64, 3, 1, 0, 8, 0.2, 300); }
 Test(gpu, packed_nq8_b32_g4) { check_packed(128, 8, 4, 1, 32, 0.15, 5); }
 Test(gpu, packed_nq1_b64) { check_packed(128, 1, 1, 0, 64, 0.3, 16); }
 Test(gpu, packed_nq2_full) { check_packed(64, 2, 2, 1, 16, 1.0, 20); }
-/* a step with the scores as two sums of fused products (GPU_ATTN_SCORE_FMA) */
 /* A step on a scratch whose histograms, select state and segment notes
  * hold garbage (every byte 0xff after gpu_attn_ws_init): k_qrot clears
  * them; one CTA's select and many CTAs' (whose tickets and counters are
@@ -292,6 +291,7 @@ Test(gpu, packed_poisoned_state_one_cta_order)
 	check_packed(128, 4, 1, 1, 16, 0.15, 20);
 }
 
+/* a step with the scores as two sums of fused products (GPU_ATTN_SCORE_FMA) */
 Test(gpu, packed_llama_shape_fma)
 {
 	g_flags = GPU_ATTN_SCORE_FMA;
@@ -1035,12 +1035,15 @@ static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
  * window_take splits, the dense window's tile at its tokens / 16.  A slot
  * is marked idle (GPU_ORDER_IDLE) iff that work is 0, and an idle slot's
  * part of its window takes no block by the cut's own rule (sel_take).
+ * Windows of @cw blocks (256 or 512: GPU_ATTN_CHUNK_*).
  */
-static void check_lpt_order(uint32_t sel, uint32_t extra)
+static void check_lpt_order(uint32_t sel, uint32_t extra, uint32_t cw)
 {
 	uint64_t seed = gu_seed();
 	const uint32_t H = LONG_H, nseg = LONG_NSEG;
-	const uint32_t fl = GPU_ATTN_SMALL_ROWS | sel | GPU_ATTN_CHUNK_256 | GPU_ATTN_PARTS_2 | extra;
+	const uint32_t fl = GPU_ATTN_SMALL_ROWS | sel | GPU_ATTN_PARTS_2 | extra |
+			    (cw == 512 ? GPU_ATTN_CHUNK_512 : GPU_ATTN_CHUNK_256);
+	cr_assert(cw == 256 || cw == 512);
 	struct gu_ctx c[MAXH];
 	struct run r;
 	long_run(c, &r, seed, 0.1, fl);
@@ -1068,12 +1071,12 @@ static void check_lpt_order(uint32_t sel, uint32_t extra)
 			idle[x] = (ord[i] & GPU_ORDER_IDLE) != 0;
 			ord[i] = x;
 		}
-		/* the windows: 256 blocks, aligned in each segment, in order */
+		/* the windows: @cw blocks, aligned in each segment, in order */
 		uint32_t nw = 0;
 		for (uint32_t s = 0; s < nseg; s++) {
 			uint32_t b0 = c[h].segs[s].block0, sn = c[h].segs[s].n_blocks;
-			for (uint32_t a0 = b0; a0 < b0 + sn; a0 += 256) {
-				uint32_t a1 = a0 + 256 < b0 + sn ? a0 + 256 : b0 + sn, m = 0, t = 0;
+			for (uint32_t a0 = b0; a0 < b0 + sn; a0 += cw) {
+				uint32_t a1 = a0 + cw < b0 + sn ? a0 + cw : b0 + sn, m = 0, t = 0;
 				for (uint32_t g = a0 / 32; g < (a1 + 31) / 32; g++)
 					for (uint32_t i = 32 * g; i < 32 * g + 32 && i < nb; i++)
 						m += i == 0 || host_fkey(sc[i]) >> 16 >= cut[0] >> 16;
@@ -1188,14 +1191,24 @@ Test(gpu, wave_rank_snake)
 Test(gpu, packed_lpt_order, .timeout = 120)
 {
 	GU_NEED_GPU();
-	check_lpt_order(GPU_ATTN_SELECT_MANY_CTAS, 0);
+	check_lpt_order(GPU_ATTN_SELECT_MANY_CTAS, 0, 256);
 }
 
 /* The same order from the one-CTA select (GPU_ATTN_SELECT_ORDER). */
 Test(gpu, packed_lpt_order_one_cta, .timeout = 120)
 {
 	GU_NEED_GPU();
-	check_lpt_order(GPU_ATTN_SELECT_ONE_CTA | GPU_ATTN_SELECT_ORDER, 0);
+	check_lpt_order(GPU_ATTN_SELECT_ONE_CTA | GPU_ATTN_SELECT_ORDER, 0, 256);
+}
+
+/* ... and by default where the windows are 512 blocks wide (lpt_of's
+ * LPT_ONE_CTA_CWL): no GPU_ATTN_SELECT_ORDER.  Were the default slot
+ * order there, the order read back would be the NO_IDLE run's, without
+ * the idle marks checked. */
+Test(gpu, packed_lpt_order_one_cta_512, .timeout = 120)
+{
+	GU_NEED_GPU();
+	check_lpt_order(GPU_ATTN_SELECT_ONE_CTA, 0, 512);
 }
 
 /* The same with the count's last CTA loading the windows after its exact
@@ -1204,7 +1217,7 @@ Test(gpu, packed_lpt_order_one_cta, .timeout = 120)
 Test(gpu, packed_lpt_order_serial_tail, .timeout = 120)
 {
 	GU_NEED_GPU();
-	check_lpt_order(GPU_ATTN_SELECT_MANY_CTAS, GPU_ATTN_SEL_TAIL_SERIAL);
+	check_lpt_order(GPU_ATTN_SELECT_MANY_CTAS, GPU_ATTN_SEL_TAIL_SERIAL, 256);
 }
 
 /* A broken promise (d_keep = d: no drop) shows as NaN in every output of
