@@ -15,6 +15,12 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 B=/tmp/b
 . .devdeps/env.sh
+# the GPU machine has no libxxhash and ../shared/device/pack-deps packs
+# it only when asked (a first call lost 89 s at meson setup so)
+if ! pkg-config --exists libxxhash; then
+  echo "attn_device: no libxxhash; on the CPU machine run ../shared/device/pack-deps libxxhash0 libxxhash-dev"
+  exit 1
+fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 meson setup $B -Dcuda=enabled -Dtests=true > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
 ninja -C $B tests/gpu/test_gpu_attn tests/gpu/test_gpu_pack tests/gpu/test_gpu_seq bench/attn > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
