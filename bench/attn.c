@@ -305,8 +305,8 @@ static int f_packed_ss_fg(const struct gpu_attn_args *a, const void *h, cudaStre
 	return ss_with(a, h, s, GPU_ATTN_FINE_GLOBAL);
 }
 /* the many-CTA select forced (GPU_ATTN_SELECT_MANY_CTAS: below 32,768
- * blocks a context the step takes the one-CTA select, which leaves no
- * attention order), the step */
+ * blocks a context the step takes the one-CTA select, which orders the
+ * attention CTAs only where windows are 512 blocks wide), the step */
 static int f_packed_many(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS);

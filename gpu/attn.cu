@@ -120,8 +120,7 @@ static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 enum ws_mode { WS_PACKED = 0, WS_QUEST = 1, WS_DENSE = 2 };
 
-/* The current device's SMs in *@nsm: 0 or a negative errno. */
-/* Attribute @attr of the current device into *@v. */
+/* Attribute @attr of the current device into *@v: 0 or a negative errno. */
 static int dev_attr(enum cudaDeviceAttr attr, int *v)
 {
 	int dev = 0;
@@ -130,6 +129,7 @@ static int dev_attr(enum cudaDeviceAttr attr, int *v)
 	return 0;
 }
 
+/* The current device's SMs in *@nsm: 0 or a negative errno. */
 static int sm_count(int *nsm)
 {
 	return dev_attr(cudaDevAttrMultiProcessorCount, nsm);
@@ -2213,7 +2213,7 @@ static __device__ __forceinline__ void lpt_order(const struct sel_src &src, char
 /* One CTA's select of context @h, in a launch of one CTA a context along
  * x (k_select, k_select_quest: gridDim.x contexts, which lpt_order needs
  * for the segment notes' stride).  Where L.lpt is set (cut-only steps
- * with GPU_ATTN_SELECT_ORDER: lpt_of) it then orders the attention CTAs
+ * with windows of 512 or GPU_ATTN_SELECT_ORDER: lpt_of) it then orders the attention CTAs
  * as the many-CTA select's last CTA does (lpt_order), from the granules
  * its candidate pass wrote. */
 __device__ void select_run(const struct sel_src src, double frac, char *ws,
@@ -6297,7 +6297,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		uint32_t K, gx;
 		size_t smem;
 		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true> : k_score<NQ, false>;
-		int st3 = score_three_stages(a), rc = 0;
+		const int st3 = score_three_stages(a);
+		int rc = 0;
 		if (st3 > 0) {
 			score = k_score<NQ, false, 3>;
 			rc = score_grid<NQ, 3>(a, score, &K, &gx, &smem);
@@ -6320,7 +6321,6 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 				spread = false;
 			if (!rc && !spread)
 				rc = score_grid<NQ>(a, score, &K, &gx, &smem);
-			st3 = 0;
 		}
 		if (rc)
 			return rc;
