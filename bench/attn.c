@@ -45,10 +45,8 @@
  *             the main columns, 2 the same after ours_g2, 3 ours_mny,
  *             ours_mso, 4 oscore, os_2st, os_3st)
  *             [--score-only 1] (the score kernel alone: the stage cut after
- *             it, less the stage cut before it, by default, with the fine
- *             histogram global, two and three stages forced, and over
- *             8-bit summaries by default and with the fine histogram
- *             global)
+ *             it, less the stage cut before it, by default, with two and
+ *             three stages forced, and over 8-bit summaries)
  *             [--pair F1,F2,... [--pair-rounds N]] (paired A/B, nothing
  *             else: per shape and flag set F, ours (A) against ours with
  *             the gpu_attn_args flags F added (B: a number, 0x for hex,
@@ -293,17 +291,6 @@ static int f_packed_ss_3st(const struct gpu_attn_args *a, const void *h, cudaStr
 {
 	return ss_with(a, h, s, GPU_ATTN_SCORE_3STAGE);
 }
-/* the score kernel's fine histogram added to global memory by every warp
- * (GPU_ATTN_FINE_GLOBAL: the version before each CTA summed its bins in
- * shared memory), the step and our score stage */
-static int f_packed_fg(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_FINE_GLOBAL);
-}
-static int f_packed_ss_fg(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return ss_with(a, h, s, GPU_ATTN_FINE_GLOBAL);
-}
 /* the many-CTA select forced (GPU_ATTN_SELECT_MANY_CTAS: below 32,768
  * blocks a context the step takes the one-CTA select, which orders the
  * attention CTAs only where windows are 512 blocks wide), the step */
@@ -370,10 +357,6 @@ static int f_upto2_2st(const struct gpu_attn_args *a, const void *h, cudaStream_
 static int f_upto2_3st(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
 	return upto2_with(a, h, s, GPU_ATTN_SCORE_3STAGE);
-}
-static int f_upto2_fg(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return upto2_with(a, h, s, GPU_ATTN_FINE_GLOBAL);
 }
 static int f_packed_ss1(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
 {
@@ -876,7 +859,6 @@ static const struct {
 	{"WORK_ORDER", GPU_ATTN_WORK_ORDER},
 	{"SCORE_2STAGE", GPU_ATTN_SCORE_2STAGE},
 	{"SCORE_3STAGE", GPU_ATTN_SCORE_3STAGE},
-	{"FINE_GLOBAL", GPU_ATTN_FINE_GLOBAL},
 	{"SCORE_SPREAD", GPU_ATTN_SCORE_SPREAD},
 	{"SELECT_ORDER", GPU_ATTN_SELECT_ORDER},
 };
@@ -1059,7 +1041,7 @@ int main(int argc, char **argv)
 		       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | %9s "
 		       "%9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s "
 		       "%9s %9s | %9s %9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s %9s | %9s %9s "
-		       "%9s %9s | %9s %9s %9s %9s\n",
+		       "%9s %9s\n",
 		       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us",
 		       "qscore", "ours_us", "oscore", "ours_cc", "x_dense", "x_sdpa",
 		       "x_quest", "x_score", "ours_TBs", "bwfrac", "ours_q6", "ours_w",
@@ -1071,8 +1053,7 @@ int main(int argc, char **argv)
 		       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni",
 		       "ours_fma", "os_fma", "qs_fma", "ours_g2", "g2_s8", "x_d_g2",
 		       "bwf_g2", "g2_512", "g28_512", "ours_mny", "g28_mny", "ours_mso",
-		       "ours_mni", "ours_2st", "os_2st", "ours_3st", "os_3st", "ours_fg",
-		       "os_fg", "os8_fg", "g28_fg");
+		       "ours_mni", "ours_2st", "os_2st", "ours_3st", "os_3st");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
 	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
@@ -1108,26 +1089,24 @@ int main(int argc, char **argv)
 				continue;
 			}
 			if (score_only) {
-				/* clear + qrot, then + the score kernel: by default, with
-				 * the fine histogram global, two stages forced, three
-				 * forced; and over 8-bit summaries, by default and with
-				 * the fine histogram global (the kernel's time is the
-				 * difference; the 8-bit ones less 8-bit clear + qrot) */
-				step_fn fs[6] = {f_packed_upto2, f_upto2_fg, f_upto2_2st,
-						 f_upto2_3st, f_packed_upto2, f_upto2_fg};
-				double t[7], t8 = 0;
+				/* clear + qrot, then + the score kernel: by default, two
+				 * stages forced, three forced; and over 8-bit summaries
+				 * (the kernel's time is the difference; the 8-bit one
+				 * less 8-bit clear + qrot) */
+				step_fn fs[4] = {f_packed_upto2, f_upto2_2st, f_upto2_3st,
+						 f_packed_upto2};
+				double t[5], t8 = 0;
 				t[0] = time_step(f_packed_upto1, &a, dheads);
-				for (int k = 0; k < 6; k++) {
-					if (k == 4) {
+				for (int k = 0; k < 4; k++) {
+					if (k == 3) {
 						make_heads(&s, H, L, dsegs, dheads, ddense, 4);
 						t8 = time_step(f_packed_upto1, &a, dheads);
 					}
-					t[k + 1] = time_step(fs[k], &a, dheads) - (k >= 4 ? t8 : t[0]);
+					t[k + 1] = time_step(fs[k], &a, dheads) - (k >= 3 ? t8 : t[0]);
 				}
-				printf("score-only %u %u: clear+qrot %.1f us; score kernel %.1f (fine global "
-				       "%.1f, 2 stages %.1f, 3 stages %.1f; 8-bit %.1f, fine global %.1f) "
-				       "us\n",
-				       B, L, t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+				printf("score-only %u %u: clear+qrot %.1f us; score kernel %.1f (2 stages "
+				       "%.1f, 3 stages %.1f; 8-bit %.1f) us\n",
+				       B, L, t[0], t[1], t[2], t[3], t[4]);
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				continue;
 			}
@@ -1226,11 +1205,6 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_ps2st);
 			cudaGraphExecDestroy(g_p3st);
 			cudaGraphExecDestroy(g_ps3st);
-			cudaGraphExec_t g_pfg = capture(f_packed_fg, &a, dheads);
-			cudaGraphExec_t g_psfg = capture(f_packed_ss_fg, &a, dheads);
-			double t_pfg = time_graph(g_pfg, 1), t_psfg = time_graph(g_psfg, 1);
-			cudaGraphExecDestroy(g_pfg);
-			cudaGraphExecDestroy(g_psfg);
 			cudaGraphExecDestroy(g_pfm);
 			cudaGraphExecDestroy(g_psfm);
 			cudaGraphExecDestroy(g_qsfm);
@@ -1268,7 +1242,6 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_ps8 = capture(f_packed_ss, &a, dheads);
 			double t_p8 = time_graph(g_p8, 1), t_ps8 = time_graph(g_ps8, 1);
 			double t_ps8c = time_step(f_packed_sc, &a, dheads);
-			double t_ps8fg = time_step(f_packed_ss_fg, &a, dheads);
 			double t8_1 = NAN, t8_2 = NAN;
 			if (split) {
 				cudaGraphExec_t g1 = capture(f_packed_upto1, &a, dheads);
@@ -1305,7 +1278,6 @@ int main(int argc, char **argv)
 			cudaGraphExec_t g_pg28 = capture(f_packed, &a, dheads);
 			cudaGraphExec_t g_pg285 = capture(f_packed_512, &a, dheads);
 			double t_pg28 = time_graph(g_pg28, 1), t_pg285 = time_graph(g_pg285, 1);
-			double t_pg28fg = time_step(f_packed_fg, &a, dheads);
 			double t_pg28mny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExecDestroy(g_pg28);
 			cudaGraphExecDestroy(g_pg285);
@@ -1339,8 +1311,7 @@ int main(int argc, char **argv)
 			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f "
 			       "%7.2f %9.1f | %9.1f %9.1f %9.1f %7.2f %7.2f | %9.1f %9.1f %9.1f %9.1f %9.1f | "
 			       "%9.1f %9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %7.2f "
-			       "%6.3f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %9.1f "
-			       "%9.1f %9.1f %9.1f\n",
+			       "%6.3f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc,
 			       t_d / t_p, sd / t_p, t_q / t_p, t_qs / t_ps,
 			       bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc, t_pqs, t_ps1,
@@ -1352,7 +1323,7 @@ int main(int argc, char **argv)
 			       t_psfm, t_qsfm, t_pg2, t_pg28, t_d / t_pg2,
 			       bytes_g2 / (t_pg2 * 1e-6) / copy_bw, t_pg25, t_pg285,
 			       t_pmny, t_pg28mny, t_pmso, t_pmni, t_p2st, t_ps2st, t_p3st,
-			       t_ps3st, t_pfg, t_psfg, t_ps8fg, t_pg28fg);
+			       t_ps3st);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -1420,7 +1391,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, which orders the attention CTAs (the one-CTA select orders them only where windows are 512 blocks wide); ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, three CTAs an SM, GPU_ATTN_SCORE_2STAGE: the version before two spread over the SMs (two CTAs an SM, GPU_ATTN_SCORE_SPREAD) became the default wherever that grid has more CTAs than SMs; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE: the default before the spread where CTAs took eight tiles or more; ours_fg, os_fg, os8_fg, g28_fg = ours, oscore, os_s8, g2_s8 with the score kernel's fine histogram added to global memory by every warp, GPU_ATTN_FINE_GLOBAL: the version before each CTA summed its bins in shared memory)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, which orders the attention CTAs (the one-CTA select orders them only where windows are 512 blocks wide); ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, three CTAs an SM, GPU_ATTN_SCORE_2STAGE: the version before two spread over the SMs (two CTAs an SM, GPU_ATTN_SCORE_SPREAD) became the default wherever that grid has more CTAs than SMs; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE: the default before the spread where CTAs took eight tiles or more)\n", RQ);
 
 	if (once)
 		return 0;

@@ -11,20 +11,18 @@ values), the one-run leads of the thirty-fourth session (wider chunks,
 one slot a window) and Quest; since the thirty-seventh session the
 many-CTA select forced where the step takes the one-CTA select (ours_mny,
 g28_mny, beside the stage's os_1cta and os_many; ours_mso, ours_mni: that
-in slot order and without idle marks); since the fortieth the score
-kernel's fine histogram added to global memory by every warp (ours_fg,
-os_fg, os8_fg, g28_fg: GPU_ATTN_FINE_GLOBAL, beside ours_us, oscore, os_s8
-and g2_s8); the score kernel's stages forced (ours_2st, ours_3st, os_2st,
-os_3st).  The forty-seventh session dropped the columns of retired flags
-(ours_cm, os_cm, g28_cm: the clear's memset node; ours_lt, os_lt, g28_lt:
-no early loads; ours_ofl, ours_mfl: the first wave in rank order) and of
-the serial select tail (ours_sts, g28_sts), settled by pairs; an older
-log's columns print if named."""
+in slot order and without idle marks); the score kernel's stages forced
+(ours_2st, ours_3st, os_2st, os_3st).  The forty-seventh session dropped
+the columns of retired flags (ours_cm, os_cm, g28_cm: the clear's memset
+node; ours_lt, os_lt, g28_lt: no early loads; ours_ofl, ours_mfl: the
+first wave in rank order) and of the serial select tail (ours_sts,
+g28_sts), settled by pairs; the forty-eighth those of the fine histogram
+added to global memory by every warp (ours_fg, os_fg, os8_fg, g28_fg:
+GPU_ATTN_FINE_GLOBAL); an older log's columns print if named."""
 import sys
 
-DEFAULT = ["ours_us", "ours_fg", "oscore", "os_fg", "os_s8", "os8_fg", "g2_s8", "g28_fg", "ours_2st",
-           "ours_3st", "os_2st", "os_3st", "ours_g2", "ours_mny", "os_1cta", "os_many",
-           "quest_us"]
+DEFAULT = ["ours_us", "oscore", "os_s8", "g2_s8", "ours_2st", "ours_3st", "os_2st", "os_3st",
+           "ours_g2", "ours_mny", "os_1cta", "os_many", "quest_us"]
 
 
 def rows(path):

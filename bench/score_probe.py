@@ -9,47 +9,34 @@ histograms are wrong, so the select after them is meaningless).
      before it)
 
 VARIANT:
-  nofine   the fine histogram's global reductions left out (hist_add's
-           atomicAdd into g_lo; the coarse one in shared memory stays)
-  nohist   no histogram in k_score at all (neither form, nor a flush)
+  nohist   no histogram in k_score at all (neither the table's adds nor
+           its flush)
   nostore  the scores and token counts not stored
-  nomatch  the fine histogram's reductions a lane each (no match_any and
-           no warp sum before them): the same histogram
-  nomatch2 nomatch, and the coarse one's shared-memory adds a lane each
-nofine, nomatch and nomatch2 edit hist_add, the form that runs with
-GPU_ATTN_FINE_GLOBAL (--score-only's "fine global" figures) since the
-fortieth session; nohist and nostore edit both forms.
+The thirty-ninth session's nofine, nomatch and nomatch2 edited hist_add,
+the form k_score took with GPU_ATTN_FINE_GLOBAL; the forty-eighth session
+retired that flag, and hist_add is Quest's alone now.
 Each prints nothing; it exits non-zero, naming the edit, where the text it
 edits is gone or found more than once (bench/probe_edit.py).
-Used in the thirty-ninth session (gpu/NOTES.md).
+tests/bench/test_score_probe.py applies each to the tree's own source.
 """
 import sys
 
 import probe_edit
 
 
-FINE = '\tsum = bin_sum(lb, wv, uni, valid, &lead);\n\tif (lead)\n\t\tatomicAdd(&g_lo[lb], sum);\n'
-ADDS = ('\t\tif (fine_g)\n\t\t\thist_add(sm.hi, hist + HIST_HI, valid && gb >= 1, sc, w);\n'
-        '\t\telse\n\t\t\thist_add_ht(sm.ht.key, sm.ht.cnt, hist, valid && gb >= 1, sc, w);\n')
-COARSE = '\tuint32_t sum = bin_sum(hb, wv, uni, valid, &lead);\n\tif (lead)\n\t\tatomicAdd(&sh_hi[hb], sum);\n'
+ADDS = "\t\thist_add_ht(sm.ht.key, sm.ht.cnt, hist, valid && gb >= 1, sc, w);\n"
+FLUSH = "\thist_flush_ht(sm.ht.key, sm.ht.cnt, (uint32_t *)&sm.st[0], hist);\n"
+STORE = "\t\tif (valid) {\n\t\t\tscores[gb] = sc;\n\t\t\tntok[gb] = (uint8_t)w;\n\t\t}\n"
+VARIANTS = ("nohist", "nostore")
 
 
 def patch(tree, variant):
     edits = {
-        "nofine": [("\t\tatomicAdd(&g_lo[lb], sum);\n", "\t\t(void)sum;\n")],
+        # a use of sc and w the compiler cannot drop, that never stores
         "nohist": [(ADDS, "\t\tif (valid && sc == 12345.0f && w == 77u)\n"
                     "\t\t\tscores[0] = 0.0f;\n"),
-                   ("\tif (fine_g) {\n\t\thist_flush(sm.hi, hist);\n\t\treturn;\n\t}\n",
-                    "\tif (fine_g)\n\t\treturn;\n"),
-                   ("\thist_flush_ht(sm.ht.key, sm.ht.cnt, (uint32_t *)&sm.st[0], hist);\n",
-                    "")],
-        "nostore": [("\t\tif (valid) {\n\t\t\tscores[gb] = sc;\n\t\t\tntok[gb] = (uint8_t)w;\n\t\t}\n"
-                     "\t\tif (fine_g)\n",
-                     "\t\tif (fine_g)\n")],
-        "nomatch": [(FINE, "\tif (valid)\n\t\tatomicAdd(&g_lo[lb], wv);\n")],
-        "nomatch2": [(FINE, "\tif (valid)\n\t\tatomicAdd(&g_lo[lb], wv);\n"),
-                     (COARSE, "\tif (valid)\n\t\tatomicAdd(&sh_hi[hb], wv);\n"
-                      "\t(void)uni;\n\t(void)lead;\n")],
+                   (FLUSH, "")],
+        "nostore": [(STORE + ADDS, ADDS)],
     }[variant]
     probe_edit.edit(tree + "/gpu/attn.cu", "score_probe",
                     [(old, new, "%s's edit %d" % (variant, i + 1))
@@ -57,6 +44,6 @@ def patch(tree, variant):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] != "patch":
+    if len(sys.argv) != 4 or sys.argv[1] != "patch" or sys.argv[3] not in VARIANTS:
         sys.exit(__doc__)
     patch(sys.argv[2], sys.argv[3])

@@ -52,7 +52,6 @@
  * weight directly. */
 #define HT_SLOTS (HIST_HI / 2)
 #define HT_PROBES 8
-#define SCORE_OPT_FINE_GLOBAL 2u /* GPU_ATTN_FINE_GLOBAL */
 #define DENSE_T 1024   /* dense-kernel tokens per CTA */
 #define NQP(nq) ((nq) == 3 ? 4 : (nq))
 /* Rows of one segment's rotated query in the scratch: q'[c][P] for
@@ -1024,9 +1023,8 @@ __device__ __forceinline__ uint32_t bin_sum(uint32_t bin, uint32_t wv, bool uni,
  * once; their sum is a popcount times the weight when the warp's weights
  * are equal (full blocks: nearly always), else a reduction (which, over a
  * non-uniform mask, the compiler makes a loop over the lane groups).  All
- * lanes of the warp must call it.  The score kernel's form with
- * GPU_ATTN_FINE_GLOBAL, and Quest's (a tile a CTA); by default the score
- * kernel takes hist_add_ht.
+ * lanes of the warp must call it.  Quest's form (a tile a CTA); the
+ * score kernel takes hist_add_ht.
  */
 __device__ __forceinline__ void hist_add(uint32_t *sh_hi, uint32_t *g_lo, bool valid, float sc,
 					 uint32_t w)
@@ -1214,13 +1212,10 @@ template <int P, int NS = 2>
 struct score_smem {
 	struct score_stage<P> st[NS];
 	struct score_tile d[score_ring(NS)]; /* descriptors, a ring: tile i at i % ring */
-	union {
-		uint32_t hi[HIST_HI]; /* coarse bins (GPU_ATTN_FINE_GLOBAL) */
-		struct {
-			uint32_t key[HT_SLOTS]; /* fine bin + 1; 0: free */
-			uint32_t cnt[HT_SLOTS];
-		} ht;
-	};
+	struct {
+		uint32_t key[HT_SLOTS]; /* fine bin + 1; 0: free */
+		uint32_t cnt[HT_SLOTS];
+	} ht;
 };
 
 /* Descriptor of tile @i to the ring (4 lanes, 16 bytes each). */
@@ -1341,7 +1336,7 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  */
 template <int NQ, bool FM, int NS = 2>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
-						   struct ws_layout L, uint32_t K, uint32_t opt)
+						   struct ws_layout L, uint32_t K)
 {
 	pdl_trigger();
 	constexpr int P = NQP(NQ);
@@ -1363,13 +1358,13 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 	float *scores = WSP(float, L, scores, ws, blockIdx.y);
 	uint8_t *ntok = WSP(uint8_t, L, ntok, ws, blockIdx.y);
 	uint32_t *hist = HIST(ws, blockIdx.y);
-	const bool fine_g = opt & SCORE_OPT_FINE_GLOBAL;
 	/* two stages take the early loads below, three none (not const: a
 	 * constant 0 makes nvcc warn at each comparison with npre) */
 	bool pre = NS == 2;
-	static_assert(sizeof(sm.ht) == sizeof(sm.hi), "the table where the coarse bins were");
-	for (uint32_t i = threadIdx.x; i < HIST_HI; i += SCORE_T)
-		sm.hi[i] = 0; /* or the table's keys and counts */
+	for (uint32_t i = threadIdx.x; i < HT_SLOTS; i += SCORE_T) {
+		sm.ht.key[i] = 0;
+		sm.ht.cnt[i] = 0;
+	}
 	/* prologue.  @pre (two stages): the first two tiles'
 	 * descriptors are built here (score_tile_of, the segment by a search
 	 * in the caller's table, as k_qrot builds them) and their summaries
@@ -1506,14 +1501,7 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 			scores[gb] = sc;
 			ntok[gb] = (uint8_t)w;
 		}
-		if (fine_g)
-			hist_add(sm.hi, hist + HIST_HI, valid && gb >= 1, sc, w);
-		else
-			hist_add_ht(sm.ht.key, sm.ht.cnt, hist, valid && gb >= 1, sc, w);
-	}
-	if (fine_g) {
-		hist_flush(sm.hi, hist);
-		return;
+		hist_add_ht(sm.ht.key, sm.ht.cnt, hist, valid && gb >= 1, sc, w);
 	}
 	static_assert(sizeof(sm.st[0]) >= HIST_HI * sizeof(uint32_t), "the coarse bins in a stage");
 	asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -6324,9 +6312,8 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 		}
 		if (rc)
 			return rc;
-		const uint32_t opt = a->flags & GPU_ATTN_FINE_GLOBAL ? SCORE_OPT_FINE_GLOBAL : 0u;
 		GPU_CK(gpu_launch(pdl_of(a), score, dim3(gx, a->n_heads), SCORE_T, smem, s, heads,
-				  ws, L, K, opt));
+				  ws, L, K));
 	}
 	if (upto < 3)
 		return 0;

@@ -304,19 +304,15 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * or more (and at 128K-256K batch 1 from `66d1424`); two stages spread
  * (GPU_ATTN_SCORE_SPREAD) replaced it.  Kept to compare. */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
-/* The score kernel's fine histogram (the cut's 16-bit bins) added to
- * global memory by every warp as it scores a tile, the version before
- * each CTA summed its bins in shared memory and added them once at its
- * end (attn.cu hist_add_ht); kept to compare.  The histograms, and so
- * the selection, are the same either way. */
-#define GPU_ATTN_FINE_GLOBAL 268435456u
-/* Free bits: 1 << 22, 1 << 25, 1 << 29 and 1 << 31.  The forty-seventh
- * session retired three flags whose pairs had settled them, each the
- * version before a change kept since: GPU_ATTN_CLEAR_MEMSET (the step's
- * clear as a memset node, before k_qrot cleared it), _SCORE_LATE (no
- * early loads in the score kernel) and _ORDER_FLAT (the first wave in
- * rank order, before gpu_wave_rank spread it); gpu/NOTES.md and
- * docs/PERF.md keep their figures. */
+/* Free bits: 1 << 22, 1 << 25, 1 << 28, 1 << 29 and 1 << 31.  The
+ * forty-seventh session retired three flags whose pairs had settled them,
+ * each the version before a change kept since: GPU_ATTN_CLEAR_MEMSET (the
+ * step's clear as a memset node, before k_qrot cleared it), _SCORE_LATE
+ * (no early loads in the score kernel) and _ORDER_FLAT (the first wave in
+ * rank order, before gpu_wave_rank spread it); the forty-eighth retired
+ * _FINE_GLOBAL (the score kernel's fine bins added to global memory by
+ * every warp, before each CTA summed them in its table, hist_add_ht).
+ * gpu/NOTES.md and docs/PERF.md keep their figures. */
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads

@@ -1896,19 +1896,12 @@ static void check_synth_select(uint32_t nb, uint32_t nseg)
 Test(gpu, select_1m_tokens) { check_synth_select(65536, 16); }
 /* scores over 2^120 of range: tens of thousands of fine bins, every
  * score CTA's table (HT_SLOTS) overflowing to the global histograms; by
- * default (two stages, spread where the grid exceeds the SMs), three
- * stages, and with the fine
- * histogram global (GPU_ATTN_FINE_GLOBAL); and with the histogram's usual
- * spread in that form */
+ * default (two stages, spread where the grid exceeds the SMs) and with
+ * three stages */
 Test(gpu, select_wide_scores) { check_synth_select_w(65536, 16, 1, 1); }
 Test(gpu, select_wide_scores_3stage)
 {
 	g_flags = GPU_ATTN_SCORE_3STAGE;
-	check_synth_select_w(65536, 16, 1, 1);
-}
-Test(gpu, select_wide_scores_fine_global)
-{
-	g_flags = GPU_ATTN_FINE_GLOBAL;
 	check_synth_select_w(65536, 16, 1, 1);
 }
 /* eight contexts of 1M tokens (a wave of score CTAs a context, 33 on
@@ -1916,11 +1909,6 @@ Test(gpu, select_wide_scores_fine_global)
  * histograms), and the same with wide scores */
 Test(gpu, select_8x1m_tokens, .timeout = 120) { check_synth_select_w(65536, 16, 0, 8); }
 Test(gpu, select_8x_wide_scores, .timeout = 120) { check_synth_select_w(65536, 16, 1, 8); }
-Test(gpu, select_1m_tokens_fine_global)
-{
-	g_flags = GPU_ATTN_FINE_GLOBAL;
-	check_synth_select(65536, 16);
-}
 /* Segments past 32 and past 1,024, segments not a whole number of score
  * tiles (rows past a tile's segment); k_score finds its first tiles'
  * segments itself (seg_of_block_warp: one sample round, then two, then a
