@@ -102,9 +102,10 @@ struct ws_layout {
 			    * selected blocks where it has more than one
 			    * (PART_BLOCKS, or 64 with GPU_ATTN_PART_64) */
 	uint32_t wc, wm;   /* the attention kernel's first wave where the
-			    * CTAs are ordered: CTAs an SM and SMs
-			    * (gpu_wave_rank; 0: rank order; set by the
-			    * launch, wave_of) */
+			    * CTAs are ordered, or in slot order with
+			    * GPU_ATTN_SLOT_SPREAD: CTAs an SM and SMs
+			    * (gpu_wave_rank; 0: rank or slot order; set
+			    * by the launch, wave_of) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -369,6 +370,25 @@ __device__ __forceinline__ bool lpt_slot(const char *ws, const struct ws_layout 
 	*hi = h;
 	*x = v & ~GPU_ORDER_IDLE;
 	return (v & GPU_ORDER_IDLE) != 0u;
+}
+
+/* The slot (context *@hi, slot *@x) an attention CTA works on: by the
+ * select's order (lpt_slot; true where idle), else its own, through
+ * gpu_wave_rank where the launch spread the slots (GPU_ATTN_SLOT_SPREAD:
+ * L.wc nonzero without L.lpt). */
+__device__ __forceinline__ bool slot_of(const char *ws, const struct ws_layout &L, uint32_t *hi,
+					uint32_t *x)
+{
+	if (L.lpt)
+		return lpt_slot(ws, L, hi, x);
+	*hi = blockIdx.y;
+	*x = blockIdx.x;
+	if (L.wc) {
+		const uint32_t b = gpu_wave_rank(blockIdx.y * gridDim.x + blockIdx.x, L.wc, L.wm);
+		*hi = b / gridDim.x;
+		*x = b % gridDim.x;
+	}
+	return false;
 }
 
 /* Orderable key of a float score; -0 and +0 compare equal as on the CPU. */
@@ -3630,8 +3650,8 @@ __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *head
 	pdl_begin();
 	extern __shared__ __align__(16) unsigned char smraw[];
 	pk_smem &sm = *(pk_smem *)smraw;
-	uint32_t hi = blockIdx.y, x = blockIdx.x;
-	const bool idle = L.lpt && lpt_slot(ws, L, &hi, &x);
+	uint32_t hi, x;
+	const bool idle = slot_of(ws, L, &hi, &x);
 	const struct gpu_head *H = &heads[hi];
 	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
@@ -5153,8 +5173,8 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 	pdl_begin();
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
-	uint32_t hi = blockIdx.y, x = blockIdx.x;
-	const bool idle = L.lpt && lpt_slot(ws, L, &hi, &x);
+	uint32_t hi, x;
+	const bool idle = slot_of(ws, L, &hi, &x);
 	const struct gpu_head *H = &heads[hi];
 	const uint32_t *counts = WSP(uint32_t, L, counts, ws, hi);
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
@@ -5615,8 +5635,8 @@ __global__ void __launch_bounds__(128) k_attn_dense(const struct gpu_dense_head 
 {
 	pdl_begin();
 	__shared__ __align__(16) float sm[4 * NQ * (D + 2)];
-	uint32_t hi = blockIdx.y, x = blockIdx.x;
-	const bool idle = L.lpt && lpt_slot(ws, L, &hi, &x);
+	uint32_t hi, x;
+	const bool idle = slot_of(ws, L, &hi, &x);
 	const struct gpu_dense_head *H = &heads[hi];
 	float *po = WSP(float, L, part_o, ws, hi) + (size_t)x * NQ * D;
 	float *pml = WSP(float, L, part_ml, ws, hi) + (size_t)x * NQ * 2;
@@ -6242,14 +6262,14 @@ static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L,
 }
 
 /* The attention kernel's first wave for gpu_wave_rank (L.wc, L.wm) where
- * its CTAs are ordered (L.lpt): @kern's
- * 128-thread CTAs an SM at @smem bytes, and the SMs they fill (fewer where
- * the grid is smaller). */
+ * its CTAs are ordered (L.lpt) or spread in slot order
+ * (GPU_ATTN_SLOT_SPREAD): @kern's 128-thread CTAs an SM at @smem bytes,
+ * and the SMs they fill (fewer where the grid is smaller). */
 template <typename K>
 static int wave_of(const struct gpu_attn_args *a, struct ws_layout &L, K kern, size_t smem)
 {
 	L.wc = L.wm = 0;
-	if (!L.lpt)
+	if (!L.lpt && !(a->flags & GPU_ATTN_SLOT_SPREAD))
 		return 0;
 	int nsm = 0, occ = 0, rc = sm_count(&nsm);
 	if (rc)

@@ -304,7 +304,17 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * or more (and at 128K-256K batch 1 from `66d1424`); two stages spread
  * (GPU_ATTN_SCORE_SPREAD) replaced it.  Kept to compare. */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
-/* Free bits: 1 << 22, 1 << 25, 1 << 28, 1 << 29 and 1 << 31.  The
+/* Where the attention CTAs run in slot order (not ordered by work: the
+ * one-CTA select at windows under 512 blocks, GPU_ATTN_SLOT_ORDER, Quest
+ * without GPU_ATTN_WORK_ORDER), their first wave's dispatch positions
+ * take slots through gpu_wave_rank as the ordered ones take ranks: the
+ * few consecutive positions an SM fills its slots from then hold slots
+ * a wave's width apart, not neighbouring windows whose selections are
+ * alike (at 256K tokens, batch 1, the slot-order kernel's busiest SM ran
+ * 1.26 times the average).  To measure; the output is the same bits
+ * either way. */
+#define GPU_ATTN_SLOT_SPREAD 4194304u
+/* Free bits: 1 << 25, 1 << 28, 1 << 29 and 1 << 31.  The
  * forty-seventh session retired three flags whose pairs had settled them,
  * each the version before a change kept since: GPU_ATTN_CLEAR_MEMSET (the
  * step's clear as a memset node, before k_qrot cleared it), _SCORE_LATE

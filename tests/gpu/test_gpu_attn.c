@@ -1022,6 +1022,51 @@ Test(gpu, packed_pdl_equals_plain, .timeout = 120)
 		gu_ctx_free(&c[h]);
 }
 
+/*
+ * The attention CTAs' slots spread over the first wave
+ * (GPU_ATTN_SLOT_SPREAD: gpu_wave_rank from the dispatch position) give
+ * the same bits as each CTA taking its own slot, with the scratch and the
+ * output poisoned before each run, so that a slot no CTA took, or one
+ * taken twice, leaves garbage in a partial or the output; by the one-CTA
+ * select in slot order (these shapes' default), by the many-CTA select
+ * kept in slot order (GPU_ATTN_SLOT_ORDER), and with the CTAs ordered by
+ * work, where the flag changes nothing.
+ */
+Test(gpu, packed_slot_spread, .timeout = 120)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_ctx c[MAXH];
+	struct run r;
+	long_run(c, &r, seed, 0.4, 0);
+	const uint32_t fl[3] = {GPU_ATTN_SMALL_ROWS,
+				GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SLOT_ORDER,
+				GPU_ATTN_SELECT_MANY_CTAS};
+	const size_t n = (size_t)r.H * r.nq * r.d;
+	float *first = malloc(n * sizeof(float));
+	for (int v = 0; v < 3; v++) {
+		for (int pass = 0; pass < 2; pass++) {
+			GU_CK(cudaMemset(r.ws, 0xff, r.a.ws_bytes));
+			GU_CK(cudaMemset(r.dout, 0xff, n * sizeof(float)));
+			r.a.flags = fl[v] | (pass ? GPU_ATTN_SLOT_SPREAD : 0u);
+			cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+			run_fetch(&r);
+			for (size_t i = 0; i < n; i++)
+				cr_assert(isfinite(r.out[i]), "seed %llu flags %#x: out[%zu] = %g",
+					  (unsigned long long)seed, r.a.flags, i, r.out[i]);
+			if (!pass)
+				memcpy(first, r.out, n * sizeof(float));
+		}
+		cr_assert(memcmp(first, r.out, n * sizeof(float)) == 0,
+			  "seed %llu flags %#x: spread and own slots differ",
+			  (unsigned long long)seed, fl[v]);
+	}
+	free(first);
+	run_free(&r);
+	for (uint32_t h = 0; h < LONG_H; h++)
+		gu_ctx_free(&c[h]);
+}
+
 static uint32_t host_fkey(float f); /* fkey (attn.cu) on the host, below */
 
 /*
