@@ -66,7 +66,7 @@ KOPEN = '''{
 	pdl_begin();
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
-	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	uint32_t hi, x;
 '''
 KSTAMP = '''{
 	pdl_begin();
@@ -79,7 +79,7 @@ KSTAMP = '''{
 	}
 	extern __shared__ __align__(16) unsigned char smraw[];
 	tc_smem &sm = *(tc_smem *)smraw;
-	uint32_t hi = blockIdx.y, x = blockIdx.x;
+	uint32_t hi, x;
 '''
 KWORK = '''		return;
 	const struct gpu_seg sg = *sgp;
