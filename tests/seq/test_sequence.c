@@ -925,7 +925,8 @@ static void prefill_cut_case(uint32_t n0, uint32_t ps, uint32_t minseg,
 Test(sequence, refine_two_stages_through_the_store, .timeout = 120)
 {
 	const uint32_t L = 1, H = 2, G = 2, d = 64, n0 = 2048;
-	uint64_t rng = fresh_seed();
+	const uint64_t seed = fresh_seed();
+	uint64_t rng = seed;
 	struct mkv_store *st = host_store_hot((size_t)64 << 20, 0);
 	struct mkv_seq_opts o;
 	mkv_seq_opts_init(&o, sizeof o);
@@ -1000,9 +1001,17 @@ Test(sequence, refine_two_stages_through_the_store, .timeout = 120)
 	cr_log_info("refine 10: mean rel err %.4f vs one stage %.4f; attend bytes %.2fx\n",
 		    e2 / (8 * H * G), e1 / (8 * H * G), (double)f2 / (double)f1);
 	/* Isotropic keys and values lose ~15% of their energy to r = 40 of 64
-	 * (values error ~0.4 alone): "found" is an error well under one's. */
-	cr_assert_lt(e2, 0.6 * e1, "refined error %.4g not well below one stage's %.4g", e2, e1);
-	cr_assert_lt(e2 / (8 * H * G), 0.8, "refined: the planted tokens should dominate");
+	 * (values error ~0.4 alone): "found" is an error well under one's.
+	 * Over 443 fresh seeds (forty-eighth session) the refined mean was
+	 * 0.42-0.85 (median 0.59, 99th percentile 0.77) and its ratio to one
+	 * stage's at most 0.56; the bounds 0.8 and 0.6 failed about one seed
+	 * in 150.  A refine that found nothing would sit near one stage's
+	 * error (1.15-1.67 on these queries), over both bounds below. */
+	cr_assert_lt(e2, 0.65 * e1, "seed %llu: refined error %.4g not well below one stage's %.4g",
+		     (unsigned long long)seed, e2, e1);
+	cr_assert_lt(e2 / (8 * H * G), 0.9,
+		     "seed %llu: refined: the planted tokens should dominate (mean rel err %.4g)",
+		     (unsigned long long)seed, e2 / (8 * H * G));
 	/* The same refined attention from the host tier. */
 	attend_out(s2, 0, q, b);
 	cr_assert_gt(mkv_seq_offload(s2, 0), 0);
