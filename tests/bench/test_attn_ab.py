@@ -10,19 +10,9 @@ import sys
 import tempfile
 from contextlib import redirect_stdout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..")
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+import benchcheck
+from benchcheck import ROOT, check
 import attn_ab  # noqa: E402
-
-fails = 0
-
-
-def check(cond, what):
-    global fails
-    if not cond:
-        print("FAIL:", what)
-        fails += 1
 
 
 src = open(os.path.join(ROOT, "bench", "attn.c")).read()
@@ -55,4 +45,4 @@ try:
 finally:
     os.unlink(f.name)
 
-sys.exit(1 if fails else 0)
+sys.exit(1 if benchcheck.fails else 0)

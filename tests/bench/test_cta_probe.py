@@ -10,19 +10,9 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..")
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+import benchcheck
+from benchcheck import ROOT, check
 import cta_probe  # noqa: E402
-
-fails = 0
-
-
-def check(cond, what):
-    global fails
-    if not cond:
-        print("FAIL:", what)
-        fails += 1
 
 
 # patch: every probe piece lands once, the rest of the files unchanged
@@ -124,5 +114,5 @@ q = cta_probe.replay(b)
 check(q["slots"] == 4 and q["record_order"] == 4000, "replay on the default four slots")
 check(q["longest_first"] == 3000 and q["bound"] == 2500, "replay longest first on four slots")
 
-print("cta_probe:", "FAIL" if fails else "ok")
-sys.exit(1 if fails else 0)
+print("cta_probe:", "FAIL" if benchcheck.fails else "ok")
+sys.exit(1 if benchcheck.fails else 0)

@@ -4,22 +4,12 @@ out here: the word layout (st_warp's rows and tiles), one store's count,
 the ascending order's sum, and the schedule (every value of every lane
 stored once, never more wavefronts than ascending, none below the bound,
 one a store where the lanes' banks allow)."""
-import os
 import random
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+import benchcheck
+from benchcheck import check
 import scatter_model as sm  # noqa: E402
-
-fails = 0
-
-
-def check(cond, what):
-    global fails
-    if not cond:
-        print("FAIL:", what)
-        fails += 1
 
 
 # layout: LD = 16 * 6 + 8 = 104 halves = 52 words a row; V after 16 K rows
@@ -59,6 +49,6 @@ for trial in range(20):
     check(sm.bound(lanes) <= wf <= sm.ascending(lanes),
           f"trial {trial}: bound {sm.bound(lanes)} <= {wf} <= {sm.ascending(lanes)}")
 
-if fails:
+if benchcheck.fails:
     sys.exit(1)
 print("scatter_model: layout, counts and schedule hold")

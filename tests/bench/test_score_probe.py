@@ -9,19 +9,9 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..")
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+import benchcheck
+from benchcheck import ROOT, check
 import score_probe  # noqa: E402
-
-fails = 0
-
-
-def check(cond, what):
-    global fails
-    if not cond:
-        print("FAIL:", what)
-        fails += 1
 
 
 SRC = os.path.join(ROOT, "gpu", "attn.cu")
@@ -51,6 +41,6 @@ with tempfile.TemporaryDirectory() as t:
                         t, "nofine"], capture_output=True, text=True)
     check(r.returncode != 0 and "VARIANT" in r.stderr, "a retired variant is refused")
 
-if fails:
+if benchcheck.fails:
     sys.exit(1)
 print("score_probe: both variants patch the tree's attn.cu")

@@ -10,19 +10,9 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..")
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+import benchcheck
+from benchcheck import ROOT, check
 import tail_probe  # noqa: E402
-
-fails = 0
-
-
-def check(cond, what):
-    global fails
-    if not cond:
-        print("FAIL:", what)
-        fails += 1
 
 
 with tempfile.TemporaryDirectory() as t:
@@ -81,6 +71,6 @@ with tempfile.TemporaryDirectory() as t:
           "its last end +8.50" in chain[0] and "k_merge past its wait +9.00" in chain[0],
           "the chain: " + (chain[0] if chain else "none"))
 
-if fails:
+if benchcheck.fails:
     sys.exit(1)
 print("tail_probe: ok")
