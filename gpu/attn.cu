@@ -3643,6 +3643,20 @@ packed_cta_work(const struct gpu_head *H, const uint32_t *counts, uint32_t x, ui
 	return true;
 }
 
+/* The partial of a segment the kernel cannot read as it is laid out: NaN
+ * values in a slot the merge takes (l > 0), so the output shows it; no
+ * row is read. */
+template <int NQ, int D>
+__device__ void nan_partial(float *po, float *pml)
+{
+	for (uint32_t i = threadIdx.x; i < NQ * D; i += blockDim.x)
+		po[i] = NAN;
+	if (threadIdx.x < NQ) {
+		pml[2 * threadIdx.x] = 0.0f;
+		pml[2 * threadIdx.x + 1] = 1.0f;
+	}
+}
+
 template <int NQ, int D>
 __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *heads, const float *q,
 						     float scale2, char *ws, struct ws_layout L)
@@ -3671,6 +3685,10 @@ __global__ void __launch_bounds__(128) k_attn_packed(const struct gpu_head *head
 				    &list, &si, &b0, &cnt))
 		return;
 	const struct gpu_seg sg = *sgp;
+	if (sg.sched) { /* scheduled rows: the positions' path only */
+		nan_partial<NQ, D>(po, pml);
+		return;
+	}
 	/* R_v arrives in shared memory while the blocks are attended */
 	cta_copy_async(sm.rv, sg.v_rot, sg.v_dk * D * 2);
 	/* q' of this segment, pre-scaled, [c][P] */
@@ -5212,18 +5230,14 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 		for (uint32_t o = threadIdx.x * 128; o < sg.v_dk * D * 2; o += blockDim.x * 128)
 			asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)sg.v_rot + o));
 	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
+	const bool pos = sg.k_vb == 0 && sg.v_vb == 0 && sg.k_pos && sg.v_pos;
 	if constexpr (SMALL) {
-		if (!st_small_ok(sg, D)) {
-			for (uint32_t i = threadIdx.x; i < NQ * D; i += blockDim.x)
-				po[i] = NAN;
-			if (threadIdx.x < NQ) { /* a slot the merge takes (l > 0) */
-				pml[2 * threadIdx.x] = 0.0f;
-				pml[2 * threadIdx.x + 1] = 1.0f;
-			}
+		if (!st_small_ok(sg, D) || (sg.sched && !(st_g1(sg) && pos))) {
+			nan_partial<NQ, D>(po, pml);
 		} else if (st_g2(sg)) {
 			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB, false, 2>(
 				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
-		} else if (sg.k_vb == 0 && sg.v_vb == 0 && sg.k_pos && sg.v_pos) {
+		} else if (pos) {
 			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB, true>(
 				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
 		} else if (sg.k_vb == 0 && sg.v_vb == 0) {
@@ -5233,6 +5247,10 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 			tc_cta_st<NQ, D, false, 3 * D / 64, ST_SMALL_ROWB>(sgp, list, list ? 0 : b0,
 									   cnt, qr, scale2, po, pml, J);
 		}
+		return;
+	}
+	if (sg.sched) { /* scheduled rows: the positions' path only */
+		nan_partial<NQ, D>(po, pml);
 		return;
 	}
 	if (st_ok(sg, flags)) {

@@ -109,10 +109,154 @@ struct gpu_seg {
 	 * = 8); other segments keep the bf16 bound.  The caller owns them. */
 	const int8_t *s8;
 	const float *s8_scale;
+	/* 0, or the tile row (halves) each 16-token block's (value, position)
+	 * pairs were put in store order for (gpu_seg_schedule): each row is
+	 * a permutation of its pairs, so its values are no longer in their
+	 * bitmap's order and only the positions' path reads them.  A kernel
+	 * that would read such a segment any other way (no
+	 * GPU_ATTN_SMALL_ROWS, the CUDA-core path) gives it a NaN partial,
+	 * as a segment that breaks GPU_ATTN_SMALL_ROWS' promise. */
+	uint32_t sched;
 };
 
 /* Bytes of one vector's positions in a gpu_seg's k_pos / v_pos. */
 #define GPU_POS_STRIDE(r) (((uint32_t)(r) + 15u) & ~15u)
+
+/*
+ * The store schedule of one block (gpu_seg_schedule; the host and the
+ * device run this same code, and tests check it against its own
+ * properties, not against itself).  The positions' path stores a
+ * sub-block's values with lane t < 16 on K row t and lane 16 + t on V row
+ * t, one value a lane a store instruction, into tiles of rows of @ld
+ * halves (the V tile 16 rows after the K tile's start); value j of a row
+ * goes to channel pos[j], the 32-bit word row * ld / 2 + pos[j] / 2, and a
+ * store takes as many shared-memory wavefronts as the most words one of
+ * the 32 banks receives.  In ascending channel order that is ~3.4 a store
+ * on top-r rows (bench/scatter_model.py).  Here each store step gets a
+ * maximum matching of the lanes that still have values to the banks of
+ * those values (Kuhn's augmenting paths, lanes and values in increasing
+ * order); a lane left out stores the value whose bank is least loaded so
+ * far (the lowest slot among equals).  The same rule as scatter_model.py's
+ * schedule(), so its counts are this code's.
+ *
+ * @kp, @vp: the block's K and V positions, row t at kp + t * @kps (vp + t *
+ * @vps); @nt rows (1..16); @sk, @sv: the slots a K and a V row stores (r
+ * rounded up to 8, at most GPU_SCHED_SLOTS).  Out: @ord[lane *
+ * GPU_SCHED_SLOTS + step] is the slot (index into the row's pairs) that
+ * lane stores at that step.  Returns the wavefronts of the scheduled
+ * stores.
+ */
+#define GPU_SCHED_SLOTS 96
+static inline GPU_HD uint32_t gpu_sched_bank(const uint8_t *kp, uint32_t kps, const uint8_t *vp,
+					     uint32_t vps, uint32_t ld, uint32_t lane, uint32_t i)
+{
+	uint32_t t = lane & 15u, kv = lane >> 4;
+	uint32_t c = kv ? vp[t * vps + i] : kp[t * kps + i];
+	return (kv * 8u * ld + t * (ld / 2u) + c / 2u) & 31u;
+}
+
+static inline GPU_HD uint32_t gpu_sched_block(const uint8_t *kp, uint32_t kps, const uint8_t *vp,
+					      uint32_t vps, uint32_t nt, uint32_t sk, uint32_t sv,
+					      uint32_t ld, uint8_t *ord)
+{
+	uint32_t used[32][GPU_SCHED_SLOTS / 32];
+	uint32_t total = 0, steps = sk > sv ? sk : sv;
+	for (uint32_t l = 0; l < 32; l++)
+		for (uint32_t w = 0; w < GPU_SCHED_SLOTS / 32; w++)
+			used[l][w] = 0u;
+	for (uint32_t step = 0; step < steps; step++) {
+		int8_t own_l[32];
+		uint8_t own_i[32], load[32];
+		int16_t pick[32];
+		for (uint32_t b = 0; b < 32; b++) {
+			own_l[b] = -1;
+			own_i[b] = 0;
+			load[b] = 0;
+			pick[b] = -1;
+		}
+		/* one augmenting path from each lane with values left: a
+		 * depth-first search, kept on an explicit stack (each level
+		 * claims a new bank, so at most 33 levels) */
+		for (uint32_t root = 0; root < 32; root++) {
+			uint32_t ns = (root & 15u) < nt ? (root < 16 ? sk : sv) : 0u;
+			if (step >= ns)
+				continue;
+			uint32_t seen = 0u;
+			uint8_t st_l[33], st_n[33], st_b[33], st_i[33];
+			int dep = 0;
+			st_l[0] = (uint8_t)root;
+			st_n[0] = 0;
+			while (dep >= 0) {
+				uint32_t l = st_l[dep], S = l < 16 ? sk : sv;
+				int down = 0;
+				while (st_n[dep] < S) {
+					uint32_t i = st_n[dep]++;
+					if (used[l][i >> 5] >> (i & 31u) & 1u)
+						continue;
+					uint32_t b = gpu_sched_bank(kp, kps, vp, vps, ld, l, i);
+					if (seen >> b & 1u)
+						continue;
+					seen |= 1u << b;
+					if (own_l[b] < 0) {
+						own_l[b] = (int8_t)l;
+						own_i[b] = (uint8_t)i;
+						for (int e = dep - 1; e >= 0; e--) {
+							own_l[st_b[e]] = (int8_t)st_l[e];
+							own_i[st_b[e]] = st_i[e];
+						}
+						dep = -2; /* done */
+						break;
+					}
+					st_b[dep] = (uint8_t)b;
+					st_i[dep] = (uint8_t)i;
+					st_l[dep + 1] = (uint8_t)own_l[b];
+					st_n[dep + 1] = 0;
+					dep++;
+					down = 1;
+					break;
+				}
+				if (dep == -2)
+					break;
+				if (!down)
+					dep--;
+			}
+		}
+		for (uint32_t b = 0; b < 32; b++)
+			if (own_l[b] >= 0) {
+				pick[own_l[b]] = own_i[b];
+				load[b] = 1;
+			}
+		/* lanes the matching left out: the least loaded bank */
+		for (uint32_t l = 0; l < 32; l++) {
+			uint32_t ns = (l & 15u) < nt ? (l < 16 ? sk : sv) : 0u;
+			if (step >= ns || pick[l] >= 0)
+				continue;
+			uint32_t best = 0, bl = 256;
+			for (uint32_t i = 0; i < ns; i++) {
+				if (used[l][i >> 5] >> (i & 31u) & 1u)
+					continue;
+				uint32_t x = load[gpu_sched_bank(kp, kps, vp, vps, ld, l, i)];
+				if (x < bl) {
+					bl = x;
+					best = i;
+				}
+			}
+			pick[l] = (int16_t)best;
+			load[gpu_sched_bank(kp, kps, vp, vps, ld, l, best)]++;
+		}
+		uint32_t wf = 0;
+		for (uint32_t b = 0; b < 32; b++)
+			wf = load[b] > wf ? load[b] : wf;
+		total += wf;
+		for (uint32_t l = 0; l < 32; l++)
+			if (pick[l] >= 0) {
+				uint32_t i = (uint32_t)pick[l];
+				used[l][i >> 5] |= 1u << (i & 31u);
+				ord[l * GPU_SCHED_SLOTS + step] = (uint8_t)i;
+			}
+	}
+	return total;
+}
 
 /* One (sequence, KV head) context: history segments, an optional update
  * buffer (a packed segment attended in full, not scored; its n lives on
@@ -465,6 +609,26 @@ GPU_HIDDEN int gpu_seg_upload(const struct mkv_packed_view *k,
  */
 GPU_HIDDEN int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r,
 				 uint64_t n, uint8_t *pos, cudaStream_t s);
+
+/*
+ * Put each 16-token block of segment @sg (a host copy: g = 1 and bf16 rows
+ * on both halves, positions on both, b = 16, d_keep <= 3 @d / 4 for @d 64
+ * or 128: what the positions' path reads) in store order for the
+ * positions' path (gpu_sched_block, tile rows of 16 (3 d / 64) + 8
+ * halves): each K and V row's (value, position) pairs permuted, the same
+ * permutation on both arrays, written to @k_val, @v_val (n rows of k_rs,
+ * v_rs units) and @k_pos, @v_pos (n × GPU_POS_STRIDE(r) bytes), device
+ * memory 16-byte aligned, each either the very array it replaces (in
+ * place) or one that does not overlap it.  Slots past r rounded up to 8
+ * keep their bytes.  *@out gets @sg with those four arrays and sched set;
+ * it is written at once, the arrays when the work on @s is done.  -EINVAL
+ * for NULL arguments, a segment of another format, r over
+ * GPU_SCHED_SLOTS, misaligned or partly overlapping arrays, n == 0;
+ * nothing is written then.
+ */
+GPU_HIDDEN int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val,
+				uint16_t *v_val, uint8_t *k_pos, uint8_t *v_pos,
+				struct gpu_seg *out, cudaStream_t s);
 
 /*
  * 8-bit summaries of @nb blocks from their bf16 ones (@mn, @mx: nb × @S,

@@ -82,6 +82,108 @@ int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r, 
 	return gpu_errno(cudaGetLastError());
 }
 
+/* One thread a 16-token block: its schedule (gpu_sched_block), then each
+ * row read whole before it is written back permuted, so that the arrays
+ * may be the ones they replace. */
+__global__ void k_seg_schedule(const uint16_t *kv_in, const uint16_t *vv_in,
+			       const uint8_t *kp_in, const uint8_t *vp_in, uint16_t *kv_out,
+			       uint16_t *vv_out, uint8_t *kp_out, uint8_t *vp_out, uint32_t n,
+			       uint32_t krs, uint32_t vrs, uint32_t kps, uint32_t vps, uint32_t sk,
+			       uint32_t sv, uint32_t ld)
+{
+	uint32_t blk = blockIdx.x * blockDim.x + threadIdx.x;
+	if (blk >= (n + 15) / 16)
+		return;
+	uint32_t t0 = 16 * blk, nt = min(16u, n - t0);
+	uint8_t ord[32 * GPU_SCHED_SLOTS];
+	gpu_sched_block(kp_in + (size_t)t0 * kps, kps, vp_in + (size_t)t0 * vps, vps, nt, sk, sv,
+			ld, ord);
+	for (uint32_t l = 0; l < 32; l++) {
+		uint32_t t = l & 15u, kv = l >> 4, S = kv ? sv : sk;
+		if (t >= nt)
+			continue;
+		size_t row = (size_t)t0 + t;
+		const uint16_t *vi = (kv ? vv_in + row * vrs : kv_in + row * krs);
+		const uint8_t *pi = (kv ? vp_in + row * vps : kp_in + row * kps);
+		uint16_t *vo = (kv ? vv_out + row * vrs : kv_out + row * krs);
+		uint8_t *po = (kv ? vp_out + row * vps : kp_out + row * kps);
+		uint16_t val[GPU_SCHED_SLOTS];
+		uint8_t pos[GPU_SCHED_SLOTS];
+		for (uint32_t i = 0; i < S; i++) {
+			val[i] = vi[i];
+			pos[i] = pi[i];
+		}
+		for (uint32_t j = 0; j < S; j++) {
+			uint32_t i = ord[l * GPU_SCHED_SLOTS + j];
+			vo[j] = val[i];
+			po[j] = pos[i];
+		}
+		if (vo != vi) /* the bytes past the slots, as they were */
+			for (uint32_t i = S; i < (kv ? vrs : krs); i++)
+				vo[i] = vi[i];
+		if (po != pi)
+			for (uint32_t i = S; i < (kv ? vps : kps); i++)
+				po[i] = pi[i];
+	}
+}
+
+/* [a, a + na) and [b, b + nb) share a byte but do not start together */
+static bool part_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+	uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+	return x != y && x < y + nb && y < x + na;
+}
+
+int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint16_t *v_val,
+		     uint8_t *k_pos, uint8_t *v_pos, struct gpu_seg *out, cudaStream_t s)
+{
+	if (!sg || !out || !k_val || !v_val || !k_pos || !v_pos || (d != 64 && d != 128))
+		return -EINVAL;
+	const struct gpu_seg g = *sg;
+	const uint32_t sk = (g.k_r + 7) & ~7u, sv = (g.v_r + 7) & ~7u;
+	if (!g.k_val || !g.v_val || !g.k_pos || !g.v_pos || g.n == 0 || g.b != 16 ||
+	    g.k_g != 1 || g.v_g != 1 || g.k_vb != 0 || g.v_vb != 0 || g.k_r == 0 || g.v_r == 0 ||
+	    g.k_r > g.k_dk || g.v_r > g.v_dk || g.k_dk > 3 * d / 4 || g.v_dk > 3 * d / 4 ||
+	    sk > GPU_SCHED_SLOTS || sv > GPU_SCHED_SLOTS || g.k_rs < sk || g.v_rs < sv ||
+	    (g.k_rs & 7u) || (g.v_rs & 7u))
+		return -EINVAL;
+	const void *arr[8] = {g.k_val, g.v_val, g.k_pos, g.v_pos, k_val, v_val, k_pos, v_pos};
+	for (int i = 0; i < 8; i++)
+		if ((uintptr_t)arr[i] & 15u)
+			return -EINVAL;
+	const uint32_t kps = GPU_POS_STRIDE(g.k_r), vps = GPU_POS_STRIDE(g.v_r);
+	const size_t len[4] = {(size_t)g.n * g.k_rs * 2, (size_t)g.n * g.v_rs * 2,
+			       (size_t)g.n * kps, (size_t)g.n * vps};
+	/* each output either is its input or meets none of the inputs, and
+	 * no two outputs meet */
+	for (int o = 0; o < 4; o++) {
+		for (int i = 0; i < 4; i++) {
+			if (i == o ? part_overlap(arr[4 + o], len[o], arr[i], len[i])
+				   : (arr[4 + o] == arr[i] ||
+				      part_overlap(arr[4 + o], len[o], arr[i], len[i])))
+				return -EINVAL;
+			if (i != o && (arr[4 + o] == arr[4 + i] ||
+				       part_overlap(arr[4 + o], len[o], arr[4 + i], len[i])))
+				return -EINVAL;
+		}
+	}
+	const uint32_t ld = 16u * (3u * d / 64u) + 8u, nb = (g.n + 15) / 16;
+	k_seg_schedule<<<(nb + 63) / 64, 64, 0, s>>>(g.k_val, g.v_val, g.k_pos, g.v_pos, k_val,
+						      v_val, k_pos, v_pos, g.n, g.k_rs, g.v_rs,
+						      kps, vps, sk, sv, ld);
+	int rc = gpu_errno(cudaGetLastError());
+	if (rc)
+		return rc;
+	struct gpu_seg o = g;
+	o.k_val = k_val;
+	o.v_val = v_val;
+	o.k_pos = k_pos;
+	o.v_pos = v_pos;
+	o.sched = ld;
+	*out = o;
+	return 0;
+}
+
 /* One thread a block: mkv_summary8's steps in its order (mosaickv/
  * attention.c, block8): the largest |bound|, its bf16 rounding up over
  * 127, the floor and ceiling of each bound on that grid; the words

@@ -199,6 +199,23 @@ void gu_ctx_positions(struct gu_ctx *c, uint32_t mask)
 	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
 }
 
+void gu_ctx_schedule(struct gu_ctx *c, uint32_t mask)
+{
+	for (uint32_t s = 0; s < c->nseg; s++) {
+		struct gpu_seg *g = &c->segs[s];
+		if (!(mask >> s & 1u) || g->sched)
+			continue;
+		cr_assert(g->k_pos && g->v_pos, "segment %u has no positions to schedule", s);
+		int rc = gpu_seg_schedule(g, c->d, (uint16_t *)g->k_val, (uint16_t *)g->v_val,
+					  (uint8_t *)g->k_pos, (uint8_t *)g->v_pos, g, 0);
+		cr_assert_eq(rc, 0, "gpu_seg_schedule: %d", rc);
+		cr_assert(g->sched > 0);
+	}
+	GU_CK(cudaDeviceSynchronize());
+	cudaFree(c->dsegs);
+	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
+}
+
 void gu_ctx_sum8(struct gu_ctx *c, uint32_t mask)
 {
 	for (uint32_t s = 0; s < c->nseg; s++) {

@@ -81,6 +81,10 @@ void gu_ctx_free(struct gu_ctx *c);
 /* Give segment s of @c value positions (gpu_seg_positions) where bit s of
  * @mask is set; re-uploads the segment array. */
 void gu_ctx_positions(struct gu_ctx *c, uint32_t mask);
+/* Put segment s of @c in store order (gpu_seg_schedule, in place) where
+ * bit s of @mask is set; the segment must have positions; re-uploads the
+ * segment array. */
+void gu_ctx_schedule(struct gu_ctx *c, uint32_t mask);
 /* Give segment s of @c 8-bit summaries (gpu_seg_sum8) where bit s of
  * @mask is set; re-uploads the segment array. */
 void gu_ctx_sum8(struct gu_ctx *c, uint32_t mask);

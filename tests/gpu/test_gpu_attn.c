@@ -20,6 +20,7 @@
 static uint32_t g_flags; /* GPU_ATTN_* for the packed tests */
 static uint32_t g_pos;   /* segments given value positions (bit s: segment s) */
 static uint32_t g_sum8;  /* segments given 8-bit summaries (bit s: segment s) */
+static uint32_t g_sched; /* segments with positions put in store order (bit s) */
 static size_t g_seglen = 700; /* check_packed_rq's segments: g_seglen .. 2 g_seglen tokens */
 static int g_segb; /* check_packed_rq tells gpu_attn_args.max_seg_blocks */
 static uint32_t g_cmp; /* check_dense runs again with flags ^ g_cmp: the same bits */
@@ -140,6 +141,8 @@ static void build_ctxs(struct gu_ctx *c, uint32_t H, struct gu_rng *g, uint32_t 
 			gu_ctx_positions(&c[h], g_pos);
 		if (g_sum8)
 			gu_ctx_sum8(&c[h], g_sum8);
+		if (g_sched)
+			gu_ctx_schedule(&c[h], g_sched);
 	}
 }
 
@@ -781,6 +784,372 @@ Test(gpu, positions_match_bitmaps)
 		free(want);
 		free(got);
 	}
+}
+
+/* ---- the positions' stores in scheduled order (gpu_seg_schedule) ---- */
+
+/* Random positions of @n rows: r distinct channels below dk, increasing,
+ * then dk up to the stride (gpu_seg_positions' layout). */
+static void sched_rows(struct gu_rng *g, uint8_t *pos, uint32_t n, uint32_t dk, uint32_t r)
+{
+	const uint32_t ps = GPU_POS_STRIDE(r);
+	for (uint32_t t = 0; t < n; t++) {
+		uint8_t *o = pos + (size_t)t * ps, in[128] = {0};
+		for (uint32_t k = 0; k < r;) {
+			uint32_t c = gu_below(g, dk);
+			k += !in[c];
+			in[c] = 1;
+		}
+		uint32_t j = 0;
+		for (uint32_t c = 0; c < dk; c++)
+			if (in[c])
+				o[j++] = (uint8_t)c;
+		for (; j < ps; j++)
+			o[j] = (uint8_t)dk;
+	}
+}
+
+/* The wavefronts of one block's stores in order @ord (NULL: each row's
+ * own order), counted here from the layout (st_warp: rows of ld halves,
+ * lane t on K row t, lane 16 + t on V row t, the V tile 16 rows on): at
+ * each step, the most distinct words one bank receives. */
+static uint32_t sched_count(const uint8_t *kp, uint32_t kps, const uint8_t *vp, uint32_t vps,
+			    uint32_t nt, uint32_t sk, uint32_t sv, uint32_t ld, const uint8_t *ord)
+{
+	uint32_t total = 0;
+	for (uint32_t j = 0; j < (sk > sv ? sk : sv); j++) {
+		uint32_t words[32], nw = 0, per[32] = {0}, wf = 0;
+		for (uint32_t l = 0; l < 32; l++) {
+			uint32_t t = l % 16, S = l < 16 ? sk : sv;
+			if (t >= nt || j >= S)
+				continue;
+			uint32_t i = ord ? ord[l * GPU_SCHED_SLOTS + j] : j;
+			uint32_t c = l < 16 ? kp[t * kps + i] : vp[t * vps + i];
+			uint32_t w = (l < 16 ? 0 : 16 * ld / 2) + t * ld / 2 + c / 2, dup = 0;
+			for (uint32_t k = 0; k < nw; k++)
+				dup |= words[k] == w;
+			if (!dup) {
+				words[nw++] = w;
+				per[w % 32]++;
+			}
+		}
+		for (uint32_t b = 0; b < 32; b++)
+			wf = per[b] > wf ? per[b] : wf;
+		total += wf;
+	}
+	return total;
+}
+
+/*
+ * gpu_sched_block on the host (no GPU needed): every lane's order is a
+ * permutation of its slots, the wavefronts it reports are the ones counted
+ * here from the layout, no block takes more than in ascending order, and
+ * over many blocks of top-r rows (r = 32 of 96, the bench's) the schedule
+ * takes under half the ascending order's wavefronts (bench/scatter_model.py:
+ * 108.9 against 47.5 a block) and no fewer than the most stores one bank
+ * receives.  Also short blocks, r not a multiple of 8 (pads at dk), K and V
+ * of different r, and d = 64's rows.
+ */
+Test(gpu, sched_block_host)
+{
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const struct { uint32_t dk, kr, vr, ld, nt, blocks; } f[] = {
+		{96, 32, 32, 104, 16, 300}, {96, 20, 20, 104, 16, 50}, {96, 16, 40, 104, 16, 50},
+		{96, 32, 32, 104, 5, 50},   {48, 12, 12, 56, 16, 50},  {96, 96, 96, 104, 16, 20},
+	};
+	uint8_t *ord = malloc(32 * GPU_SCHED_SLOTS);
+	cr_assert(ord);
+	for (size_t v = 0; v < sizeof f / sizeof f[0]; v++) {
+		const uint32_t kps = GPU_POS_STRIDE(f[v].kr), vps = GPU_POS_STRIDE(f[v].vr);
+		const uint32_t sk = (f[v].kr + 7) & ~7u, sv = (f[v].vr + 7) & ~7u, nt = f[v].nt;
+		uint8_t *kp = malloc(16 * kps), *vp = malloc(16 * vps);
+		cr_assert(kp && vp);
+		uint64_t asc = 0, sch = 0, bound = 0;
+		for (uint32_t b = 0; b < f[v].blocks; b++) {
+			sched_rows(&rng, kp, 16, f[v].dk, f[v].kr);
+			sched_rows(&rng, vp, 16, f[v].dk, f[v].vr);
+			memset(ord, 0xee, 32 * GPU_SCHED_SLOTS);
+			uint32_t wf = gpu_sched_block(kp, kps, vp, vps, nt, sk, sv, f[v].ld, ord);
+			for (uint32_t l = 0; l < 32; l++) {
+				uint32_t S = (l % 16) < nt ? (l < 16 ? sk : sv) : 0u;
+				uint8_t seen[GPU_SCHED_SLOTS] = {0};
+				for (uint32_t j = 0; j < S; j++) {
+					uint32_t i = ord[l * GPU_SCHED_SLOTS + j];
+					cr_assert(i < S && !seen[i],
+						  "seed %llu format %zu block %u lane %u step %u: "
+						  "slot %u repeated or out of range",
+						  (unsigned long long)seed, v, b, l, j, i);
+					seen[i] = 1;
+				}
+			}
+			uint32_t want = sched_count(kp, kps, vp, vps, nt, sk, sv, f[v].ld, ord);
+			uint32_t a = sched_count(kp, kps, vp, vps, nt, sk, sv, f[v].ld, NULL);
+			cr_assert_eq(wf, want, "seed %llu format %zu block %u: reported %u, counted %u",
+				     (unsigned long long)seed, v, b, wf, want);
+			cr_assert(wf <= a, "seed %llu format %zu block %u: scheduled %u > ascending %u",
+				  (unsigned long long)seed, v, b, wf, a);
+			uint32_t per[32] = {0}, mx = 0;
+			for (uint32_t l = 0; l < 32; l++)
+				for (uint32_t j = 0; (l % 16) < nt && j < (l < 16 ? sk : sv); j++)
+					mx = ++per[gpu_sched_bank(kp, kps, vp, vps, f[v].ld, l, j)] > mx
+						     ? per[gpu_sched_bank(kp, kps, vp, vps, f[v].ld, l, j)]
+						     : mx;
+			cr_assert(wf >= mx, "seed %llu format %zu block %u: %u under the bound %u",
+				  (unsigned long long)seed, v, b, wf, mx);
+			asc += a;
+			sch += wf;
+			bound += mx;
+		}
+		if (v == 0)
+			cr_assert(2 * sch < asc,
+				  "seed %llu: scheduled %.1f against ascending %.1f wavefronts a block",
+				  (unsigned long long)seed, (double)sch / f[v].blocks,
+				  (double)asc / f[v].blocks);
+		cr_log_info("format %zu: ascending %.1f, scheduled %.1f, bound %.1f a block", v,
+			    (double)asc / f[v].blocks, (double)sch / f[v].blocks,
+			    (double)bound / f[v].blocks);
+		free(kp);
+		free(vp);
+	}
+	free(ord);
+}
+
+/*
+ * gpu_seg_schedule against gpu_sched_block on the host: every block's rows
+ * permuted as the host's order says, values and positions alike, the bytes
+ * past the slots kept; into other arrays and in place; segments of every
+ * row shape above with a short last block.  Bad arguments: -EINVAL and
+ * nothing written.
+ */
+Test(gpu, seg_schedule_matches_host)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const struct { uint32_t d, dk, kr, vr; } f[] = {
+		{128, 96, 32, 32}, {128, 96, 20, 20}, {128, 96, 16, 40}, {64, 48, 12, 12},
+	};
+	uint8_t *ord = malloc(32 * GPU_SCHED_SLOTS);
+	for (size_t v = 0; v < sizeof f / sizeof f[0]; v++) {
+		const uint32_t n = 700 + gu_below(&rng, 600), d = f[v].d;
+		const uint32_t kps = GPU_POS_STRIDE(f[v].kr), vps = GPU_POS_STRIDE(f[v].vr);
+		const uint32_t sk = (f[v].kr + 7) & ~7u, sv = (f[v].vr + 7) & ~7u;
+		const uint32_t krs = sk, vrs = sv + 8; /* V rows with slack past the slots */
+		const size_t kvb = (size_t)n * krs * 2, vvb = (size_t)n * vrs * 2;
+		const size_t kpb = (size_t)n * kps, vpb = (size_t)n * vps;
+		uint16_t *kv = malloc(kvb), *vv = malloc(vvb), *kw = malloc(kvb), *vw = malloc(vvb);
+		uint8_t *kp = malloc(kpb), *vp = malloc(vpb), *kq = malloc(kpb), *vq = malloc(vpb);
+		for (size_t i = 0; i < kvb / 2; i++)
+			kv[i] = (uint16_t)gu_below(&rng, 65536);
+		for (size_t i = 0; i < vvb / 2; i++)
+			vv[i] = (uint16_t)gu_below(&rng, 65536);
+		sched_rows(&rng, kp, n, f[v].dk, f[v].kr);
+		sched_rows(&rng, vp, n, f[v].dk, f[v].vr);
+		/* the host's answer */
+		memcpy(kw, kv, kvb);
+		memcpy(vw, vv, vvb);
+		memcpy(kq, kp, kpb);
+		memcpy(vq, vp, vpb);
+		for (uint32_t t0 = 0; t0 < n; t0 += 16) {
+			uint32_t nt = n - t0 < 16 ? n - t0 : 16;
+			gpu_sched_block(kp + (size_t)t0 * kps, kps, vp + (size_t)t0 * vps, vps, nt, sk,
+					sv, 16 * (3 * d / 64) + 8, ord);
+			for (uint32_t l = 0; l < 32; l++) {
+				uint32_t t = l % 16, S = l < 16 ? sk : sv;
+				if (t >= nt)
+					continue;
+				size_t row = t0 + t;
+				for (uint32_t j = 0; j < S; j++) {
+					uint32_t i = ord[l * GPU_SCHED_SLOTS + j];
+					if (l < 16) {
+						kw[row * krs + j] = kv[row * krs + i];
+						kq[row * kps + j] = kp[row * kps + i];
+					} else {
+						vw[row * vrs + j] = vv[row * vrs + i];
+						vq[row * vps + j] = vp[row * vps + i];
+					}
+				}
+			}
+		}
+		struct gpu_seg g;
+		memset(&g, 0, sizeof g);
+		uint16_t *dkv = gu_upload(kv, kvb), *dvv = gu_upload(vv, vvb);
+		uint8_t *dkp = gu_upload(kp, kpb), *dvp = gu_upload(vp, vpb);
+		g.k_val = dkv;
+		g.v_val = dvv;
+		g.k_pos = dkp;
+		g.v_pos = dvp;
+		g.n = n;
+		g.b = 16;
+		g.n_blocks = (n + 15) / 16;
+		g.k_dk = g.v_dk = f[v].dk;
+		g.k_r = f[v].kr;
+		g.v_r = f[v].vr;
+		g.k_g = g.v_g = 1;
+		g.k_rs = krs;
+		g.v_rs = vrs;
+		uint16_t *okv = gu_dev(kvb), *ovv = gu_dev(vvb);
+		uint8_t *okp = gu_dev(kpb), *ovp = gu_dev(vpb);
+		uint16_t *hv = malloc(kvb > vvb ? kvb : vvb);
+		uint8_t *hp = malloc(kpb > vpb ? kpb : vpb);
+		for (int inplace = 0; inplace < 2; inplace++) {
+			struct gpu_seg o;
+			memset(&o, 0x5a, sizeof o);
+			int rc = inplace ? gpu_seg_schedule(&g, d, dkv, dvv, dkp, dvp, &o, 0)
+					 : gpu_seg_schedule(&g, d, okv, ovv, okp, ovp, &o, 0);
+			cr_assert_eq(rc, 0, "gpu_seg_schedule: %d", rc);
+			GU_CK(cudaDeviceSynchronize());
+			cr_assert(o.sched == 16 * (3 * d / 64) + 8 && o.n == n && o.k_r == g.k_r &&
+				  o.k_val == (inplace ? dkv : okv) && o.v_pos == (inplace ? dvp : ovp));
+			const void *src[4] = {o.k_val, o.v_val, o.k_pos, o.v_pos};
+			const void *want[4] = {kw, vw, kq, vq};
+			const size_t len[4] = {kvb, vvb, kpb, vpb};
+			for (int a = 0; a < 4; a++) {
+				void *h = a < 2 ? (void *)hv : (void *)hp;
+				GU_CK(cudaMemcpy(h, src[a], len[a], cudaMemcpyDeviceToHost));
+				cr_assert(memcmp(h, want[a], len[a]) == 0,
+					  "seed %llu format %zu in place %d: array %d differs",
+					  (unsigned long long)seed, v, inplace, a);
+			}
+		}
+		/* refused: nothing written (the out-of-place arrays poisoned) */
+		GU_CK(cudaMemset(okv, 0xab, kvb));
+		struct gpu_seg bad = g, o;
+		memset(&o, 0x5a, sizeof o);
+		struct gpu_seg o0 = o;
+		cr_assert_eq(gpu_seg_schedule(NULL, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_schedule(&g, 96, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_schedule(&g, d, okv, ovv, okp, ovp, NULL, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_schedule(&g, d, okv + 4, ovv, okp, ovp, &o, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_schedule(&g, d, okv, ovv, dkp, ovp, &o, 0), -EINVAL,
+			     "an output that is another input");
+		cr_assert_eq(gpu_seg_schedule(&g, d, dkv + 8, ovv, okp, ovp, &o, 0), -EINVAL,
+			     "an output that half overlaps its input");
+		cr_assert_eq(gpu_seg_schedule(&g, d, okv, (uint16_t *)okv, okp, ovp, &o, 0),
+			     -EINVAL, "two outputs on one array");
+		bad.b = 8;
+		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		bad = g;
+		bad.k_pos = NULL;
+		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		bad = g;
+		bad.v_g = 2;
+		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		bad = g;
+		bad.k_vb = 6;
+		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		bad = g;
+		bad.k_dk = 3 * d / 4 + 1;
+		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		bad = g;
+		bad.n = 0;
+		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		cr_assert(memcmp(&o, &o0, sizeof o) == 0, "a refused call wrote *out");
+		GU_CK(cudaDeviceSynchronize());
+		GU_CK(cudaMemcpy(hv, okv, kvb, cudaMemcpyDeviceToHost));
+		for (size_t b = 0; b < kvb / 2; b++)
+			cr_assert_eq(hv[b], 0xabab, "unit %zu written by a refused call", b);
+		cudaFree(dkv);
+		cudaFree(dvv);
+		cudaFree(dkp);
+		cudaFree(dvp);
+		cudaFree(okv);
+		cudaFree(ovv);
+		cudaFree(okp);
+		cudaFree(ovp);
+		free(kv), free(vv), free(kw), free(vw), free(kp), free(vp), free(kq), free(vq);
+		free(hv), free(hp);
+	}
+	free(ord);
+}
+
+/* PackedAttention over scheduled segments against mkv_attend_packed (the
+ * positions' tests' shapes: b = 16 only), then the same bits as the
+ * segments before scheduling, and NaN where a kernel would read the rows
+ * by their bitmaps. */
+Test(gpu, packed_small_sched_llama_shape)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	g_pos = ~0u;
+	g_sched = ~0u;
+	check_packed(128, 4, 1, 1, 16, 0.1, 37);
+}
+Test(gpu, packed_small_sched_r20_nq2)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS;
+	g_pos = ~0u;
+	g_sched = ~0u;
+	check_packed_rq(128, 2, 1, 1, 16, 0.2, 5, 20, 0);
+}
+Test(gpu, packed_small_sched_mixed_d64)
+{
+	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64;
+	g_pos = ~0u;
+	g_sched = 0x5u; /* segments 0 and 2 */
+	check_packed_rq(64, 3, 1, 1, 16, 0.2, 30, 16, 0);
+}
+Test(gpu, packed_sched_same_bits, .timeout = 120)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t maxb, d = 128, H = 3, nseg = 4;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, 16, 1);
+	struct gu_ctx c[MAXH];
+	g_pos = ~0u;
+	build_ctxs(c, H, &rng, d, nseg, 6000, 21, &eo, &maxb);
+	struct run r;
+	run_init(&r, &rng, H, 4, d, 0.3);
+	run_args(&r, nseg, maxb, 21, 16);
+	upload_heads(&r, c);
+	const uint32_t fl[3] = {GPU_ATTN_SMALL_ROWS, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64,
+				GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS};
+	const size_t n = (size_t)H * r.nq * d;
+	float *first[3];
+	for (int v = 0; v < 3; v++) {
+		r.a.flags = fl[v];
+		cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+		run_fetch(&r);
+		first[v] = malloc(n * sizeof(float));
+		memcpy(first[v], r.out, n * sizeof(float));
+	}
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_schedule(&c[h], ~0u);
+	cudaFree(r.dheads);
+	upload_heads(&r, c);
+	for (int v = 0; v < 3; v++) {
+		GU_CK(cudaMemset(r.dout, 0xff, n * sizeof(float)));
+		r.a.flags = fl[v];
+		cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+		run_fetch(&r);
+		cr_assert(memcmp(first[v], r.out, n * sizeof(float)) == 0,
+			  "seed %llu flags %#x: scheduled and ascending stores differ",
+			  (unsigned long long)seed, fl[v]);
+		free(first[v]);
+	}
+	/* the general layout and the CUDA-core kernel read rows by bitmap:
+	 * every head shows the refusal */
+	const uint32_t no[2] = {0u, GPU_ATTN_CUDA_CORES};
+	for (int v = 0; v < 2; v++) {
+		r.a.flags = no[v];
+		cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+		run_fetch(&r);
+		for (uint32_t h = 0; h < H; h++) {
+			int nan = 0;
+			for (size_t i = 0; i < (size_t)r.nq * d; i++)
+				nan |= isnan(r.out[(size_t)h * r.nq * d + i]);
+			cr_assert(nan, "seed %llu flags %#x head %u: scheduled rows read by bitmap",
+				  (unsigned long long)seed, no[v], h);
+		}
+	}
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
 }
 
 /* PackedAttention with value positions (the small layout's scatter) against
