@@ -60,6 +60,9 @@
  *             between three columns of the same code in one run (H100,
  *             docs/PERF.md, forty-fourth session); a round's difference
  *             sees the same clock for both)
+ *             [--pair-modes A,B] (with --pair: A runs over the segments of
+ *             mode A, B over those of mode B, make_heads' modes: 0 ours,
+ *             2 ours_pos, 7 pos_sch, ...; default 0,0)
  */
 #include <errno.h>
 #include <math.h>
@@ -450,6 +453,11 @@ struct slabs {
 	uint32_t *kbm2, *vbm2; /* RR / 2 of DK / 2 pair bits set (ours_g2) */
 	uint16_t *srest;       /* remainder bounds (ours_q6) */
 	uint8_t *kpos, *vpos;  /* value positions of kbm, vbm (ours_pos) */
+	/* kval, vval, kpos, vpos with each block's pairs in store order
+	 * (gpu_seg_schedule: pos_sch); made at the first use */
+	uint16_t *kvs, *vvs;
+	uint8_t *kps, *vps;
+	size_t ntok;
 	int8_t *s8;            /* 8-bit summaries of smin, smax (ours_s8) */
 	float *s8sc;
 	uint32_t seglen, maxseg;
@@ -458,6 +466,9 @@ struct slabs {
 static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 {
 	size_t N = (size_t)nctx * MAXCTX, NB = N / BB;
+	s->ntok = N;
+	s->kvs = s->vvs = NULL;
+	s->kps = s->vps = NULL;
 	s->seglen = seglen;
 	s->maxseg = MAXCTX / seglen;
 	s->kval = dalloc(N * RR * 2);
@@ -510,12 +521,58 @@ static void make_slabs(struct slabs *s, uint32_t nctx, uint32_t seglen)
 	CK(cudaStreamSynchronize(st));
 }
 
+/* The slabs of pos_sch: the positions' slabs with every 16-token block's
+ * (value, position) pairs in store order, scheduled once over the whole
+ * slab (blocks never straddle a segment: segments are whole blocks). */
+static void sched_slabs(struct slabs *s)
+{
+	if (s->kvs)
+		return;
+	const size_t N = s->ntok;
+	struct gpu_seg g, o;
+	memset(&g, 0, sizeof g);
+	if (N > UINT32_MAX) {
+		fprintf(stderr, "attn: %zu tokens are too many to schedule at once\n", N);
+		exit(1);
+	}
+	s->kvs = dalloc(N * RR * 2);
+	s->vvs = dalloc(N * RR * 2);
+	s->kps = dalloc(N * GPU_POS_STRIDE(RR));
+	s->vps = dalloc(N * GPU_POS_STRIDE(RR));
+	g.k_val = s->kval;
+	g.v_val = s->vval;
+	g.k_pos = s->kpos;
+	g.v_pos = s->vpos;
+	g.n = (uint32_t)N;
+	g.b = BB;
+	g.n_blocks = (uint32_t)(N / BB);
+	g.k_dk = g.v_dk = DK;
+	g.k_r = g.v_r = RR;
+	g.k_g = g.v_g = 1;
+	g.k_rs = g.v_rs = RR;
+	g.k_bw = g.v_bw = BW;
+	cudaEvent_t e0, e1;
+	CK(cudaEventCreate(&e0));
+	CK(cudaEventCreate(&e1));
+	CK(cudaEventRecord(e0, st));
+	RC(gpu_seg_schedule(&g, D, s->kvs, s->vvs, s->kps, s->vps, &o, st));
+	CK(cudaEventRecord(e1, st));
+	CK(cudaStreamSynchronize(st));
+	float ms = 0;
+	CK(cudaEventElapsedTime(&ms, e0, e1));
+	printf("pos_sch: %zu tokens scheduled in %.1f ms (gpu_seg_schedule, once)\n", N,
+	       (double)ms);
+	CK(cudaEventDestroy(e0));
+	CK(cudaEventDestroy(e1));
+}
+
 /* Segment tables and heads for H contexts of L tokens: bf16 rows (mode
  * 0), 6-bit rows (1: ours_q6), bf16 rows with value positions (2:
  * ours_pos), with value positions and 8-bit summaries (3: pos_s8), with
  * 8-bit summaries (4: ours_s8), with g = 2 bitmaps (5: ours_g2; the same
  * values, a bit a pair of channels), with g = 2 bitmaps and 8-bit
- * summaries (6: g2_s8). */
+ * summaries (6: g2_s8), bf16 rows and positions in store order (7: pos_sch;
+ * sched_slabs first). */
 static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu_seg *dsegs,
 		       struct gpu_head *dheads, struct gpu_dense_head *ddense, int mode)
 {
@@ -551,6 +608,13 @@ static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu
 			if (mode == 2 || mode == 3) {
 				g->k_pos = s->kpos + tok * GPU_POS_STRIDE(RR);
 				g->v_pos = s->vpos + tok * GPU_POS_STRIDE(RR);
+			}
+			if (mode == 7) {
+				g->k_val = s->kvs + tok * RR;
+				g->v_val = s->vvs + tok * RR;
+				g->k_pos = s->kps + tok * GPU_POS_STRIDE(RR);
+				g->v_pos = s->vps + tok * GPU_POS_STRIDE(RR);
+				g->sched = 16 * (3 * D / 64) + 8;
 			}
 			if (mode == 5 || mode == 6) {
 				g->k_bm = s->kbm2 + tok * BW2;
@@ -784,12 +848,12 @@ static void bench_encode(const struct slabs *s, struct enc_res *r)
  * after two discarded: a round runs both, A first in even rounds and B
  * first in odd ones.  Prints a line; returns the median of B - A (µs).
  */
-static double pair_run(const struct gpu_attn_args *a, const void *heads, uint32_t fl, int n,
-		       uint32_t batch, uint32_t ctx)
+static double pair_run(const struct gpu_attn_args *a, const void *heads, const void *heads_b,
+		       uint32_t fl, int n, uint32_t batch, uint32_t ctx)
 {
 	struct gpu_attn_args b = *a; /* f_packed adds its flags to the args' */
 	b.flags |= fl;
-	cudaGraphExec_t ga = capture(f_packed, a, heads), gb = capture(f_packed, &b, heads);
+	cudaGraphExec_t ga = capture(f_packed, a, heads), gb = capture(f_packed, &b, heads_b);
 	double *ta = malloc(sizeof(double) * n), *tb = malloc(sizeof(double) * n),
 	       *dd = malloc(sizeof(double) * n);
 	if (!ta || !tb || !dd) {
@@ -916,7 +980,7 @@ int main(int argc, char **argv)
 	int split = 0; /* --split 1: also time ours' score stage cut short */
 	int score_only = 0; /* --score-only 1: only the score stage cut after the score */
 	uint32_t pairs[8];
-	int npair = 0, pair_rounds = 51;
+	int npair = 0, pair_rounds = 51, pmode[2] = {0, 0};
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--sdpa"))
 			sdpa_path = argv[i + 1];
@@ -948,6 +1012,14 @@ int main(int argc, char **argv)
 			}
 			if (*p) {
 				fprintf(stderr, "attn: --pair takes at most 8 flag sets\n");
+				return 2;
+			}
+		} else if (!strcmp(argv[i], "--pair-modes")) {
+			if (sscanf(argv[i + 1], "%d,%d", &pmode[0], &pmode[1]) != 2 || pmode[0] < 0 ||
+			    pmode[0] > 7 || pmode[1] < 0 || pmode[1] > 7 || pmode[0] == 1 ||
+			    pmode[1] == 1) {
+				fprintf(stderr, "attn: --pair-modes takes two of make_heads' modes "
+						"0, 2..7, e.g. 2,7\n");
 				return 2;
 			}
 		} else if (!strcmp(argv[i], "--pair-rounds")) {
@@ -1015,6 +1087,11 @@ int main(int argc, char **argv)
 	make_slabs(&s, nctxs, seglen);
 	struct gpu_seg *dsegs = dalloc(sizeof(struct gpu_seg) * nctxs * s.maxseg);
 	struct gpu_head *dheads = dalloc(sizeof(struct gpu_head) * nctxs);
+	/* --pair-modes' B: its own segments and heads */
+	struct gpu_seg *dsegs_b = dalloc(sizeof(struct gpu_seg) * nctxs * s.maxseg);
+	struct gpu_head *dheads_b = dalloc(sizeof(struct gpu_head) * nctxs);
+	if (npair && (pmode[0] == 7 || pmode[1] == 7))
+		sched_slabs(&s);
 	struct gpu_dense_head *ddense = dalloc(sizeof(struct gpu_dense_head) * nctxs);
 	float *dq = dalloc(sizeof(float) * nctxs * NQ * D), *dout = dalloc(sizeof(float) * nctxs * NQ * D);
 	RC(gpu_synth_bf16((uint16_t *)flushbuf, 1, 1.0f, 0.0f, 1, st)); /* touch */
@@ -1073,12 +1150,21 @@ int main(int argc, char **argv)
 			a.ws = ws;
 			a.ws_bytes = wsb;
 			if (npair) {
+				make_heads(&s, H, L, dsegs, dheads, ddense, pmode[0]);
+				make_heads(&s, H, L, dsegs_b, dheads_b, ddense, pmode[1]);
+				if (pmode[0] || pmode[1])
+					printf("pair modes: A %d, B %d\n", pmode[0], pmode[1]);
 				for (int k = 0; k < npair; k++) {
-					double m = pair_run(&a, dheads, pairs[k], pair_rounds, B, L);
+					double m = pair_run(&a, dheads, dheads_b, pairs[k], pair_rounds,
+							    B, L);
 					size_t u = strlen(pres);
+					char mk[16] = "";
+					if (pmode[0] || pmode[1]) /* e.g. _m27: ours_pos, pos_sch */
+						snprintf(mk, sizeof mk, "_m%d%d", pmode[0], pmode[1]);
 					if (u + 64 < sizeof pres)
-						snprintf(pres + u, sizeof pres - u, " diff_us_b%u_%u_%#x=%.2f",
-							 B, L, pairs[k], m);
+						snprintf(pres + u, sizeof pres - u,
+							 " diff_us_b%u_%u_%#x%s=%.2f", B, L, pairs[k], mk,
+							 m);
 					npres++;
 				}
 				continue;
