@@ -23,9 +23,12 @@ Gaussian K and V (a power-law spectrum, so the selection leans to the
 leading rotated channels), the library loaded as python/mosaickv loads it.
 
 The schedule: store step by store step, a maximum matching of the lanes
-that have values left to the banks of those values (augmenting paths);
-a lane left out stores the value whose bank is least loaded so far, so
-every schedule keeps 32 store instructions for 32 values.  Not an
+that have values left to the banks of those values (augmenting paths:
+a lane's lowest free bank if it has one, else its banks in increasing
+order; a bank's lowest value); a lane
+left out stores the value whose bank is least loaded so far, so every
+schedule keeps 32 store instructions for 32 values.  gpu_sched_block
+(gpu/gpu.cuh, gpu_seg_schedule's) is this rule in C.  Not an
 optimum (an edge colouring of the lanes × banks multigraph reaches the
 most loaded bank's degree), a bound from above on what a format that
 stores each block's values in scheduled order could give.
@@ -72,42 +75,51 @@ def ascending(lanes):
 
 def schedule(lanes):
     """(order, wavefronts): per lane, the indices of its values in the
-    scheduled store order, and the wavefronts of those stores."""
+    scheduled store order, and the wavefronts of those stores.  The rule of
+    gpu_sched_block (gpu/gpu.cuh), step for step."""
     rem = [list(range(len(x))) for x in lanes]
     order = [[] for _ in lanes]
     total = 0
     while any(rem):
-        owner = {}  # bank -> (lane, index into rem[lane])
+        # each lane's banks with a value left, and the lowest such value
+        first = []
+        for lane in range(len(lanes)):
+            f = {}
+            for i in rem[lane]:
+                f.setdefault(lanes[lane][i] % 32, i)
+            first.append(f)
+        owner = {}  # bank -> lane
 
         def augment(lane, seen):
-            for k, i in enumerate(rem[lane]):
-                b = lanes[lane][i] % 32
+            free = [b for b in sorted(first[lane]) if b not in seen and b not in owner]
+            if free:  # a free bank first: the path ends here
+                seen.add(free[0])
+                owner[free[0]] = lane
+                return True
+            for b in sorted(first[lane]):
                 if b in seen:
                     continue
                 seen.add(b)
-                if b not in owner or augment(owner[b][0], seen):
-                    owner[b] = (lane, k)
+                if augment(owner[b], seen):
+                    owner[b] = lane
                     return True
             return False
 
         for lane in range(len(lanes)):
             if rem[lane]:
                 augment(lane, set())
-        pick = {lane: k for lane, k in owner.values()}
-        load = {}
-        for lane, k in pick.items():
-            load[lanes[lane][rem[lane][k]] % 32] = 1
+        pick = {lane: first[lane][b] for b, lane in owner.items()}
+        load = {b: 1 for b in owner}
         for lane in range(len(lanes)):
             if rem[lane] and lane not in pick:
-                k = min(range(len(rem[lane])),
-                        key=lambda j: load.get(lanes[lane][rem[lane][j]] % 32, 0))
-                pick[lane] = k
-                b = lanes[lane][rem[lane][k]] % 32
+                b = min(first[lane], key=lambda c: (load.get(c, 0), first[lane][c]))
+                pick[lane] = first[lane][b]
                 load[b] = load.get(b, 0) + 1
-        total += store_wavefronts([lanes[lane][rem[lane][pick[lane]]] if lane in pick
-                                   else None for lane in range(len(lanes))])
-        for lane, k in pick.items():
-            order[lane].append(rem[lane].pop(k))
+        total += store_wavefronts([lanes[lane][pick[lane]] if lane in pick else None
+                                   for lane in range(len(lanes))])
+        for lane, i in pick.items():
+            order[lane].append(i)
+            rem[lane].remove(i)
     return order, total
 
 
