@@ -35,11 +35,22 @@ static float rng_normal(uint64_t *s)
 	return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
 }
 
+/* A fresh seed a test, logged (a failure's output shows it) and fixed by
+ * MKV_TEST_SEED to run that failure again (tests only: the library reads
+ * no environment). */
 static uint64_t fresh_seed(void)
 {
-	struct timespec t;
-	clock_gettime(CLOCK_REALTIME, &t);
-	return (uint64_t)t.tv_nsec * 2654435761u + (uint64_t)t.tv_sec + 1;
+	const char *fix = getenv("MKV_TEST_SEED");
+	uint64_t s;
+	if (fix && *fix) {
+		s = strtoull(fix, NULL, 10);
+	} else {
+		struct timespec t;
+		clock_gettime(CLOCK_REALTIME, &t);
+		s = (uint64_t)t.tv_nsec * 2654435761u + (uint64_t)t.tv_sec + 1;
+	}
+	cr_log_info("seed %llu (MKV_TEST_SEED)", (unsigned long long)s);
+	return s;
 }
 
 /* Exact softmax attention of one query over n tokens, double precision. */
