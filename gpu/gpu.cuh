@@ -631,8 +631,9 @@ GPU_HIDDEN int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, u
 
 /*
  * Put each 16-token block of segment @sg (a host copy: g = 1 and bf16 rows
- * on both halves, positions on both, b = 16, d_keep <= 3 @d / 4 for @d 64
- * or 128: what the positions' path reads) in store order for the
+ * on both halves, positions on both, b = 16, and GPU_ATTN_SMALL_ROWS'
+ * promise at @d 64 or 128 (gpu_seg_small_rows: r <= 32, d_keep <= 3 d /
+ * 4): what the positions' path reads) in store order for the
  * positions' path (gpu_sched_block, tile rows of 16 (3 d / 64) + 8
  * halves): each K and V row's (value, position) pairs permuted, the same
  * permutation on both arrays, written to @k_val, @v_val (n rows of k_rs,

@@ -145,8 +145,8 @@ int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint
 	    g.k_g != 1 || g.v_g != 1 || g.k_vb != 0 || g.v_vb != 0 || g.k_r == 0 || g.v_r == 0 ||
 	    g.k_r > g.k_dk || g.v_r > g.v_dk || g.k_dk > 3 * d / 4 || g.v_dk > 3 * d / 4 ||
 	    sk > GPU_SCHED_SLOTS || sv > GPU_SCHED_SLOTS || g.k_rs < sk || g.v_rs < sv ||
-	    (g.k_rs & 7u) || (g.v_rs & 7u))
-		return -EINVAL;
+	    (g.k_rs & 7u) || (g.v_rs & 7u) || !gpu_seg_small_rows(&g, d))
+		return -EINVAL; /* (only the small layout reads scheduled rows) */
 	const void *arr[8] = {g.k_val, g.v_val, g.k_pos, g.v_pos, k_val, v_val, k_pos, v_pos};
 	for (int i = 0; i < 8; i++)
 		if ((uintptr_t)arr[i] & 15u)

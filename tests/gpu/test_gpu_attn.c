@@ -930,14 +930,15 @@ Test(gpu, seg_schedule_matches_host)
 	struct gu_rng rng;
 	gu_rng_init(&rng, seed);
 	const struct { uint32_t d, dk, kr, vr; } f[] = {
-		{128, 96, 32, 32}, {128, 96, 20, 20}, {128, 96, 16, 40}, {64, 48, 12, 12},
+		{128, 96, 32, 32}, {128, 96, 20, 20}, {128, 96, 16, 24}, {64, 48, 12, 12},
 	};
 	uint8_t *ord = malloc(32 * GPU_SCHED_SLOTS);
 	for (size_t v = 0; v < sizeof f / sizeof f[0]; v++) {
 		const uint32_t n = 700 + gu_below(&rng, 600), d = f[v].d;
 		const uint32_t kps = GPU_POS_STRIDE(f[v].kr), vps = GPU_POS_STRIDE(f[v].vr);
 		const uint32_t sk = (f[v].kr + 7) & ~7u, sv = (f[v].vr + 7) & ~7u;
-		const uint32_t krs = sk, vrs = sv + 8; /* V rows with slack past the slots */
+		/* V rows with slack past the slots where the small layout has room */
+		const uint32_t krs = sk, vrs = sv + 8 <= 32 ? sv + 8 : sv;
 		const size_t kvb = (size_t)n * krs * 2, vvb = (size_t)n * vrs * 2;
 		const size_t kpb = (size_t)n * kps, vpb = (size_t)n * vps;
 		uint16_t *kv = malloc(kvb), *vv = malloc(vvb), *kw = malloc(kvb), *vw = malloc(vvb);
@@ -1046,6 +1047,9 @@ Test(gpu, seg_schedule_matches_host)
 		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
 		bad = g;
 		bad.n = 0;
+		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		bad = g;
+		bad.k_rs = 40; /* rows past the small layout's: never read scheduled */
 		cr_assert_eq(gpu_seg_schedule(&bad, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
 		cr_assert(memcmp(&o, &o0, sizeof o) == 0, "a refused call wrote *out");
 		GU_CK(cudaDeviceSynchronize());
