@@ -261,20 +261,6 @@ static int f_packed_so(const struct gpu_attn_args *a, const void *h, cudaStream_
 {
 	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SLOT_ORDER);
 }
-/* block scores as two sums of fused products (GPU_ATTN_SCORE_FMA): the
- * step, our score stage and Quest's */
-static int f_packed_fma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return packed_with(a, h, s, GPU_ATTN_SMALL_ROWS | GPU_ATTN_SCORE_FMA);
-}
-static int f_packed_ss_fma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return ss_with(a, h, s, GPU_ATTN_SCORE_FMA);
-}
-static int f_quest_ss_fma(const struct gpu_attn_args *a, const void *h, cudaStream_t s)
-{
-	return qss_with(a, h, s, GPU_ATTN_SCORE_FMA);
-}
 /* the score kernel with two stages of tiles unspread forced
  * (GPU_ATTN_SCORE_2STAGE: three CTAs an SM) and three forced
  * (GPU_ATTN_SCORE_3STAGE): the step and our score stage */
@@ -915,12 +901,10 @@ static const struct {
 	{"PARTS_4", GPU_ATTN_PARTS_4},
 	{"PART_64", GPU_ATTN_PART_64},
 	{"NO_IDLE", GPU_ATTN_NO_IDLE},
-	{"SCORE_FMA", GPU_ATTN_SCORE_FMA},
 	{"SEL_TAIL_SERIAL", GPU_ATTN_SEL_TAIL_SERIAL},
 	{"SELECT_ONE_CTA", GPU_ATTN_SELECT_ONE_CTA},
 	{"SELECT_MANY_CTAS", GPU_ATTN_SELECT_MANY_CTAS},
 	{"SLOT_ORDER", GPU_ATTN_SLOT_ORDER},
-	{"SLOT_SPREAD", GPU_ATTN_SLOT_SPREAD},
 	{"WORK_ORDER", GPU_ATTN_WORK_ORDER},
 	{"SCORE_2STAGE", GPU_ATTN_SCORE_2STAGE},
 	{"SCORE_3STAGE", GPU_ATTN_SCORE_3STAGE},
@@ -1118,7 +1102,7 @@ int main(int argc, char **argv)
 		printf("\n%5s %8s | %9s %9s %6s | %9s %9s | %9s %9s %9s | %7s %7s %7s %7s | %8s %6s | "
 		       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | %9s "
 		       "%9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s "
-		       "%9s %9s | %9s %9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s %9s | %9s %9s "
+		       "%9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s %9s | %9s %9s "
 		       "%9s %9s\n",
 		       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us",
 		       "qscore", "ours_us", "oscore", "ours_cc", "x_dense", "x_sdpa",
@@ -1129,7 +1113,7 @@ int main(int argc, char **argv)
 		       "x_sc_s8", "ps8_ma", "oscut", "qscut", "os8cut", "x_sccut",
 		       "x_s8cut", "ours_p1", "ours_p2", "ours_p4", "ps8_p1", "quest_p2",
 		       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni",
-		       "ours_fma", "os_fma", "qs_fma", "ours_g2", "g2_s8", "x_d_g2",
+		       "ours_g2", "g2_s8", "x_d_g2",
 		       "bwf_g2", "g2_512", "g28_512", "ours_mny", "g28_mny", "ours_mso",
 		       "ours_mni", "ours_2st", "os_2st", "ours_3st", "os_3st");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
@@ -1224,7 +1208,6 @@ int main(int argc, char **argv)
 				RC(f_packed_ma(&a, dheads, st)); /* ps8_ma */
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 				RC(f_packed_so(&a, dheads, st)); /* ours_so */
-				RC(f_packed_fma(&a, dheads, st)); /* ours_fma */
 				make_heads(&s, H, L, dsegs, dheads, ddense, 5);
 				RC(f_packed(&a, dheads, st)); /* ours_g2 */
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
@@ -1271,11 +1254,6 @@ int main(int argc, char **argv)
 			double t_pso = time_graph(g_pso, 1), t_qso = time_graph(g_qso, 1);
 			double t_pb64 = time_step(f_packed_b64, &a, dheads);
 			double t_pni = time_step(f_packed_ni, &a, dheads);
-			cudaGraphExec_t g_pfm = capture(f_packed_fma, &a, dheads);
-			cudaGraphExec_t g_psfm = capture(f_packed_ss_fma, &a, dheads);
-			cudaGraphExec_t g_qsfm = capture(f_quest_ss_fma, &a, ddense);
-			double t_pfm = time_graph(g_pfm, 1), t_psfm = time_graph(g_psfm, 1);
-			double t_qsfm = time_graph(g_qsfm, 1);
 			double t_pmny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExec_t g_pmso = capture(f_packed_many_so, &a, dheads);
 			cudaGraphExec_t g_pmni = capture(f_packed_many_ni, &a, dheads);
@@ -1292,9 +1270,6 @@ int main(int argc, char **argv)
 			cudaGraphExecDestroy(g_ps2st);
 			cudaGraphExecDestroy(g_p3st);
 			cudaGraphExecDestroy(g_ps3st);
-			cudaGraphExecDestroy(g_pfm);
-			cudaGraphExecDestroy(g_psfm);
-			cudaGraphExecDestroy(g_qsfm);
 			cudaGraphExecDestroy(g_pso);
 			cudaGraphExecDestroy(g_qso);
 			cudaGraphExecDestroy(g_pp1);
@@ -1397,7 +1372,7 @@ int main(int argc, char **argv)
 			       "%7.2f %7.2f | %8.2f %6.3f | %9.1f | %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f "
 			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f "
 			       "%7.2f %9.1f | %9.1f %9.1f %9.1f %7.2f %7.2f | %9.1f %9.1f %9.1f %9.1f %9.1f | "
-			       "%9.1f %9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %7.2f "
+			       "%9.1f %9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %7.2f "
 			       "%6.3f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc,
 			       t_d / t_p, sd / t_p, t_q / t_p, t_qs / t_ps,
@@ -1406,8 +1381,8 @@ int main(int argc, char **argv)
 			       t_qsl, t_pp, t_pp128, t_pp512, t_p8, t_ps8, t_pp8,
 			       t_qs / t_ps8, t_pp8m, t_pcut, t_qcut, t_ps8c,
 			       t_qcut / t_pcut, t_qcut / t_ps8c, t_p1, t_p2, t_p4, t_pp81,
-			       t_qp2, t_pso, t_qso, t_pp8so, t_pb64, t_pp8b, t_pni, t_pfm,
-			       t_psfm, t_qsfm, t_pg2, t_pg28, t_d / t_pg2,
+			       t_qp2, t_pso, t_qso, t_pp8so, t_pb64, t_pp8b, t_pni, t_pg2,
+			       t_pg28, t_d / t_pg2,
 			       bytes_g2 / (t_pg2 * 1e-6) / copy_bw, t_pg25, t_pg285,
 			       t_pmny, t_pg28mny, t_pmso, t_pmni, t_p2st, t_ps2st, t_p3st,
 			       t_ps3st);
@@ -1478,7 +1453,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_fma, os_fma, qs_fma = ours, oscore, qscore with the block scores as two sums of fused products, GPU_ATTN_SCORE_FMA: two FP instructions a channel and head where the CPU's order takes three; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, which orders the attention CTAs (the one-CTA select orders them only where windows are 512 blocks wide); ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, three CTAs an SM, GPU_ATTN_SCORE_2STAGE: the version before two spread over the SMs (two CTAs an SM, GPU_ATTN_SCORE_SPREAD) became the default wherever that grid has more CTAs than SMs; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE: the default before the spread where CTAs took eight tiles or more)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, which orders the attention CTAs (the one-CTA select orders them only where windows are 512 blocks wide); ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, three CTAs an SM, GPU_ATTN_SCORE_2STAGE: the version before two spread over the SMs (two CTAs an SM, GPU_ATTN_SCORE_SPREAD) became the default wherever that grid has more CTAs than SMs; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE: the default before the spread where CTAs took eight tiles or more)\n", RQ);
 
 	if (once)
 		return 0;

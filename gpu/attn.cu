@@ -102,10 +102,9 @@ struct ws_layout {
 			    * selected blocks where it has more than one
 			    * (PART_BLOCKS, or 64 with GPU_ATTN_PART_64) */
 	uint32_t wc, wm;   /* the attention kernel's first wave where the
-			    * CTAs are ordered, or in slot order with
-			    * GPU_ATTN_SLOT_SPREAD: CTAs an SM and SMs
-			    * (gpu_wave_rank; 0: rank or slot order; set
-			    * by the launch, wave_of) */
+			    * CTAs are ordered: CTAs an SM and SMs
+			    * (gpu_wave_rank; 0: rank order; set by the
+			    * launch, wave_of) */
 };
 
 /* Bytes cleared at the start of every step: the histograms (and select
@@ -373,9 +372,10 @@ __device__ __forceinline__ bool lpt_slot(const char *ws, const struct ws_layout 
 }
 
 /* The slot (context *@hi, slot *@x) an attention CTA works on: by the
- * select's order (lpt_slot; true where idle), else its own, through
- * gpu_wave_rank where the launch spread the slots (GPU_ATTN_SLOT_SPREAD:
- * L.wc nonzero without L.lpt). */
+ * select's order (lpt_slot; true where idle), else its own.  (Spreading
+ * the slot order's first wave over the SMs by gpu_wave_rank, as the
+ * ordered CTAs are, was within ±0.4 µs at 64K-256K batch 1: H100, paired,
+ * forty-ninth session; retired.) */
 __device__ __forceinline__ bool slot_of(const char *ws, const struct ws_layout &L, uint32_t *hi,
 					uint32_t *x)
 {
@@ -383,11 +383,6 @@ __device__ __forceinline__ bool slot_of(const char *ws, const struct ws_layout &
 		return lpt_slot(ws, L, hi, x);
 	*hi = blockIdx.y;
 	*x = blockIdx.x;
-	if (L.wc) {
-		const uint32_t b = gpu_wave_rank(blockIdx.y * gridDim.x + blockIdx.x, L.wc, L.wm);
-		*hi = b / gridDim.x;
-		*x = b % gridDim.x;
-	}
 	return false;
 }
 
@@ -868,27 +863,16 @@ __device__ __forceinline__ void load_pm(const float *q, uint32_t c, float (&qp)[
 	loadq<NQ, LDG>(q + qpm_row<NQ>(c) + NQP(NQ), qn);
 }
 
-/* One channel's terms of a block score into its sums (bound_score_pm):
- * by default the CPU's order, the product with mx rounded, fused with
- * q⁻·mn, then added to @ap (@an stays 0); FM (GPU_ATTN_SCORE_FMA) q⁺·mx
- * into @ap and q⁻·mn into @an, each fused. */
-template <bool FM>
-__device__ __forceinline__ void score_terms(float &ap, float &an, float qp, float qn, float fa,
-					    float fb)
+/* One channel's terms of a block score into its sum (bound_score_pm), in
+ * the CPU's order: the product with mx rounded, fused with q⁻·mn, then
+ * added to @ap.  (As two sums of fused products, q⁺·mx and q⁻·mn, two
+ * instructions a channel and head where this takes three: within ±0.7
+ * µs at 32K-1M batch 1 once the score CTAs were spread, +6.7 µs at 256K
+ * without, and not the CPU's bits: H100, paired, forty-ninth session;
+ * retired.) */
+__device__ __forceinline__ void score_terms(float &ap, float qp, float qn, float fa, float fb)
 {
-	if (FM) {
-		ap = __fmaf_rn(qp, fb, ap);
-		an = __fmaf_rn(qn, fa, an);
-	} else {
-		ap = __fadd_rn(ap, __fmaf_rn(qn, fa, __fmul_rn(qp, fb)));
-	}
-}
-
-/* The two sums into one (without FM @an is 0 and @ap the CPU's sum). */
-template <bool FM>
-__device__ __forceinline__ float score_sum(float ap, float an)
-{
-	return FM ? __fadd_rn(ap, an) : ap;
+	ap = __fadd_rn(ap, __fmaf_rn(qn, fa, __fmul_rn(qp, fb)));
 }
 
 /* A 32-channel piece of a block's summaries (channels c32 .. c32 + 31 of
@@ -908,8 +892,8 @@ __device__ __forceinline__ void sum32_load(struct sum32 &r, const uint16_t *mn, 
 		}
 }
 
-template <int NQ, bool LDG, bool FM>
-__device__ __forceinline__ void sum32_acc(float (&ap)[NQ], float (&an)[NQ], const float *qpm,
+template <int NQ, bool LDG>
+__device__ __forceinline__ void sum32_acc(float (&ap)[NQ], const float *qpm,
 					  const struct sum32 &r, uint32_t c32, uint32_t S)
 {
 #pragma unroll
@@ -925,7 +909,7 @@ __device__ __forceinline__ void sum32_acc(float (&ap)[NQ], float (&an)[NQ], cons
 			load_pm<NQ, LDG>(qpm, c32 + 8 * u + e, qp, qn);
 #pragma unroll
 			for (int h = 0; h < NQ; h++)
-				score_terms<FM>(ap[h], an[h], qp[h], qn[h], fa[e], fb[e]);
+				score_terms(ap[h], qp[h], qn[h], fa[e], fb[e]);
 		}
 	}
 }
@@ -964,40 +948,32 @@ __device__ __forceinline__ bool sum_vec(const uint16_t *mn, const uint16_t *mx, 
  * q < 0 (mn ≤ mx), so q⁻·mn + q⁺·mx — one of them an exact zero — is that
  * product rounded once: the CPU's score (which takes the max of both
  * products) in three instructions per channel and head instead of four.
- * FM (GPU_ATTN_SCORE_FMA, to measure): Σ q⁺·mx + Σ q⁻·mn as two sums of
- * fused multiply-adds added at the end, two instructions a channel and
- * head and two independent chains a head instead of one; the sums then
- * differ from mkv_score_blocks by a few ulps of the terms, within the
- * tests' 1e-5 of |score| + mean.
  * Vector loads where S is a multiple of 8 and @mn, @mx are 16-byte
  * aligned, else one by one.
  */
-template <int NQ, bool LDG = false, bool FM = false>
+template <int NQ, bool LDG = false>
 __device__ __forceinline__ float bound_score_pm(const float *qpm, const uint16_t *mn,
 						const uint16_t *mx, uint32_t S,
 						const float *qperp = NULL, float rest = 0.0f)
 {
-	float ap[NQ], an[NQ], acc[NQ];
+	float ap[NQ];
 #pragma unroll
 	for (int h = 0; h < NQ; h++)
-		ap[h] = an[h] = 0.0f;
+		ap[h] = 0.0f;
 	const bool vec = sum_vec(mn, mx, S);
 	for (uint32_t c = 0; !vec && c < S; c++) {
 		float qp[NQ], qn[NQ], fa = bf1(mn[c]), fb = bf1(mx[c]);
 		load_pm<NQ, LDG>(qpm, c, qp, qn);
 #pragma unroll
 		for (int h = 0; h < NQ; h++)
-			score_terms<FM>(ap[h], an[h], qp[h], qn[h], fa, fb);
+			score_terms(ap[h], qp[h], qn[h], fa, fb);
 	}
 	for (uint32_t c32 = 0; vec && c32 < S; c32 += 32) {
 		struct sum32 r; /* up to 8 loads in flight before the math */
 		sum32_load(r, mn, mx, c32, S);
-		sum32_acc<NQ, LDG, FM>(ap, an, qpm, r, c32, S);
+		sum32_acc<NQ, LDG>(ap, qpm, r, c32, S);
 	}
-#pragma unroll
-	for (int h = 0; h < NQ; h++)
-		acc[h] = score_sum<FM>(ap[h], an[h]);
-	return score_finish<NQ, LDG>(acc, qperp, rest);
+	return score_finish<NQ, LDG>(ap, qperp, rest);
 }
 
 /* Stage @n channels of a query (@q: c·@ldq + h) split by sign into @qpm
@@ -1297,7 +1273,7 @@ __device__ __forceinline__ void score_issue(struct score_stage<P> &st, const str
 /* A block scored from global memory: a tile that is not staged (@here),
  * or a row past the tile's segment.  Returns the score and, in .y, the
  * block's tokens.  Out of line: the staged path's registers stay its own. */
-template <int NQ, bool FM>
+template <int NQ>
 static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 						   const struct score_tile &cur, const float *qr,
 						   const float *qpm, uint32_t gb, uint32_t row, bool here)
@@ -1338,7 +1314,7 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
 						w, S, s8, qperp, rv);
 		return make_float2(sc, __uint_as_float(min(b, n - j * b)));
 	}
-	float sc = bound_score_pm<NQ, true, FM>(qpm + (size_t)si * QPM_FLOATS(P), mn, mx, S, qperp,
+	float sc = bound_score_pm<NQ, true>(qpm + (size_t)si * QPM_FLOATS(P), mn, mx, S, qperp,
 						rv);
 	return make_float2(sc, __uint_as_float(min(b, n - j * b)));
 }
@@ -1354,7 +1330,7 @@ static __device__ __noinline__ float2 score_global(const struct gpu_head *H,
  * multiple of 8), are scored from global memory.  Same arithmetic as
  * bound_score_pm either way.
  */
-template <int NQ, bool FM, int NS = 2>
+template <int NQ, int NS = 2>
 __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *heads, char *ws,
 						   struct ws_layout L, uint32_t K)
 {
@@ -1484,10 +1460,10 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 			float rest = cur.rest ? bf1(rest_raw) : 0.0f;
 			const struct score_stage<P> &st = sm.st[i % NS];
 			uint32_t S = cur.S, pr = S / 8;
-			float ap[NQ], an[NQ], acc[NQ];
+			float ap[NQ];
 #pragma unroll
 			for (int h = 0; h < NQ; h++)
-				ap[h] = an[h] = 0.0f;
+				ap[h] = 0.0f;
 			/* a piece at a time (bound_score_pm's order): no arrays of
 			 * pieces held across the products */
 #pragma unroll
@@ -1503,17 +1479,13 @@ __global__ void __launch_bounds__(SCORE_T, 3) k_score(const struct gpu_head *hea
 					load_pm<NQ, false>(st.q, 8 * u + e, qp, qn);
 #pragma unroll
 					for (int h = 0; h < NQ; h++)
-						score_terms<FM>(ap[h], an[h], qp[h], qn[h], fa[e],
-								fb[e]);
+						score_terms(ap[h], qp[h], qn[h], fa[e], fb[e]);
 				}
 			}
-#pragma unroll
-			for (int h = 0; h < NQ; h++)
-				acc[h] = score_sum<FM>(ap[h], an[h]);
-			sc = score_finish<NQ, true>(acc, qperp, rest);
+			sc = score_finish<NQ, true>(ap, qperp, rest);
 			w = min(cur.b, cur.n - (cur.j0 + row) * cur.b);
 		} else if (valid) {
-			float2 r = score_global<NQ, FM>(H, cur, qr, qpm, gb, row, here);
+			float2 r = score_global<NQ>(H, cur, qr, qpm, gb, row, here);
 			sc = r.x;
 			w = __float_as_uint(r.y);
 		}
@@ -1566,7 +1538,7 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
  * spread grid decides: launch_score_select).  The caller sizes other
  * grids only where they are launched or decide: the decode path launches
  * the step's kernels every step, not from a graph.  GPU_ATTN_SCORE_3STAGE
- * and GPU_ATTN_SCORE_2STAGE force them (GPU_ATTN_SCORE_FMA takes two).
+ * and GPU_ATTN_SCORE_2STAGE force them.
  *
  * By default two stages, spread (two CTAs an SM, as three stages have,
  * by shared memory the kernel does not use; its grid sized for that)
@@ -1585,15 +1557,13 @@ static int score_grid(const struct gpu_attn_args *a, KF kern, uint32_t *K, uint3
  * and is left unspread. */
 static int score_three_stages(const struct gpu_attn_args *a)
 {
-	if (a->flags & GPU_ATTN_SCORE_FMA)
-		return 0;
 	if (a->flags & (GPU_ATTN_SCORE_3STAGE | GPU_ATTN_SCORE_2STAGE))
 		return (a->flags & GPU_ATTN_SCORE_3STAGE) ? 1 : 0;
 	return -1;
 }
 
 /* Quest: bounds over all d channels of the dense keys, q unrotated. */
-template <int NQ, bool FM>
+template <int NQ>
 __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head *heads,
 						     const float *q, uint32_t d, uint32_t qb,
 						     char *ws, struct ws_layout L)
@@ -1616,7 +1586,7 @@ __global__ void __launch_bounds__(256) k_score_quest(const struct gpu_dense_head
 	float sc = 0.0f;
 	uint32_t w = 0;
 	if (valid) {
-		sc = bound_score_pm<NQ, false, FM>(qpm, H->q_min + (size_t)gb * d,
+		sc = bound_score_pm<NQ, false>(qpm, H->q_min + (size_t)gb * d,
 						   H->q_max + (size_t)gb * d, d);
 		w = (uint32_t)min((uint64_t)qb, H->n - (uint64_t)gb * qb);
 		WSP(float, L, scores, ws, blockIdx.y)[gb] = sc;
@@ -6280,14 +6250,13 @@ static uint32_t lpt_of(const struct gpu_attn_args *a, const struct ws_layout &L,
 }
 
 /* The attention kernel's first wave for gpu_wave_rank (L.wc, L.wm) where
- * its CTAs are ordered (L.lpt) or spread in slot order
- * (GPU_ATTN_SLOT_SPREAD): @kern's 128-thread CTAs an SM at @smem bytes,
- * and the SMs they fill (fewer where the grid is smaller). */
+ * its CTAs are ordered (L.lpt): @kern's 128-thread CTAs an SM at @smem
+ * bytes, and the SMs they fill (fewer where the grid is smaller). */
 template <typename K>
 static int wave_of(const struct gpu_attn_args *a, struct ws_layout &L, K kern, size_t smem)
 {
 	L.wc = L.wm = 0;
-	if (!L.lpt && !(a->flags & GPU_ATTN_SLOT_SPREAD))
+	if (!L.lpt)
 		return 0;
 	int nsm = 0, occ = 0, rc = sm_count(&nsm);
 	if (rc)
@@ -6322,11 +6291,11 @@ static int launch_score_select(const struct gpu_attn_args *a, const struct gpu_h
 	if (a->max_blocks) {
 		uint32_t K, gx;
 		size_t smem;
-		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score<NQ, true> : k_score<NQ, false>;
+		auto score = k_score<NQ>;
 		const int st3 = score_three_stages(a);
 		int rc = 0;
 		if (st3 > 0) {
-			score = k_score<NQ, false, 3>;
+			score = k_score<NQ, 3>;
 			rc = score_grid<NQ, 3>(a, score, &K, &gx, &smem);
 		} else {
 			/* two stages: spread where forced or, undecided, where the
@@ -6482,8 +6451,7 @@ static int launch_dense(const struct gpu_attn_args *a, const struct gpu_dense_he
 	char *ws = (char *)a->ws;
 	if (quest) {
 		GPU_CK(cudaMemsetAsync(ws, 0, clear_bytes(a), s));
-		auto score = (a->flags & GPU_ATTN_SCORE_FMA) ? k_score_quest<NQ, true>
-							     : k_score_quest<NQ, false>;
+		auto score = k_score_quest<NQ>;
 		score<<<dim3((a->max_blocks + 255) / 256, a->n_heads), 256, 0, s>>>(
 			heads, a->q, a->d, a->quest_b, ws, L);
 		GPU_CKL();

@@ -400,13 +400,6 @@ struct gpu_attn_args {
 /* The select writes no idle marks (GPU_ORDER_IDLE) into the order: every
  * attention CTA finds its own work, as before the marks (to measure them). */
 #define GPU_ATTN_NO_IDLE 1048576u
-/* Block scores (ours and Quest) as two sums of fused products, q⁺·max and
- * q⁻·min, added at the end (bound_score_pm): two FP instructions a channel
- * and head where the CPU's order takes three, and two independent chains;
- * within a few ulps of mkv_score_blocks, not bitwise equal.  Not the
- * default: the score stages measured within noise of it (H100, thirty-
- * fifth session; bench/attn's ours_fma, os_fma, qs_fma); kept to compare. */
-#define GPU_ATTN_SCORE_FMA 2097152u
 /* Where the score kernel runs two stages of tiles, it asks for the
  * three-stage kernel's shared memory (unused past its own), so that an
  * SM holds two of its CTAs, not three, and its grid is sized for that
@@ -460,32 +453,26 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
 #define GPU_ATTN_SCORE_2STAGE 67108864u
 /* The score kernel with three stages of tiles (two in flight a CTA while
  * one is scored; two CTAs an SM by shared memory) instead of two, forced;
- * never with GPU_ATTN_SCORE_FMA, and three stages take no early loads
+ * three stages take no early loads
  * (the two-stage kernel issues its first two tiles' summaries before it
  * waits for k_qrot).  The default from the thirty-ninth to the
  * forty-fifth session where the two-stage grid gave each CTA eight tiles
  * or more (and at 128K-256K batch 1 from `66d1424`); two stages spread
  * (GPU_ATTN_SCORE_SPREAD) replaced it.  Kept to compare. */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
-/* Where the attention CTAs run in slot order (not ordered by work: the
- * one-CTA select at windows under 512 blocks, GPU_ATTN_SLOT_ORDER, Quest
- * without GPU_ATTN_WORK_ORDER), their first wave's dispatch positions
- * take slots through gpu_wave_rank as the ordered ones take ranks: the
- * few consecutive positions an SM fills its slots from then hold slots
- * a wave's width apart, not neighbouring windows whose selections are
- * alike (at 256K tokens, batch 1, the slot-order kernel's busiest SM ran
- * 1.26 times the average).  To measure; the output is the same bits
- * either way. */
-#define GPU_ATTN_SLOT_SPREAD 4194304u
-/* Free bits: 1 << 25, 1 << 28, 1 << 29 and 1 << 31.  The
- * forty-seventh session retired three flags whose pairs had settled them,
+/* Free bits: 1 << 21, 1 << 22, 1 << 25, 1 << 28, 1 << 29 and 1 << 31.
+ * The forty-seventh session retired three flags whose pairs had settled them,
  * each the version before a change kept since: GPU_ATTN_CLEAR_MEMSET (the
  * step's clear as a memset node, before k_qrot cleared it), _SCORE_LATE
  * (no early loads in the score kernel) and _ORDER_FLAT (the first wave in
  * rank order, before gpu_wave_rank spread it); the forty-eighth retired
  * _FINE_GLOBAL (the score kernel's fine bins added to global memory by
- * every warp, before each CTA summed them in its table, hist_add_ht).
- * gpu/NOTES.md and docs/PERF.md keep their figures. */
+ * every warp, before each CTA summed them in its table, hist_add_ht);
+ * the forty-ninth _SCORE_FMA (the block scores as two sums of fused
+ * products: within noise once the score CTAs were spread, and not the
+ * CPU's bits) and _SLOT_SPREAD (the slot order's first wave spread over
+ * the SMs: within noise at 64K-256K batch 1).  gpu/NOTES.md and
+ * docs/PERF.md keep their figures. */
 
 /*
  * The rank (in the order's sequence: rank r of context h at r · n_heads

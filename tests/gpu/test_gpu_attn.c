@@ -294,12 +294,6 @@ Test(gpu, packed_poisoned_state_one_cta_order)
 	check_packed(128, 4, 1, 1, 16, 0.15, 20);
 }
 
-/* a step with the scores as two sums of fused products (GPU_ATTN_SCORE_FMA) */
-Test(gpu, packed_llama_shape_fma)
-{
-	g_flags = GPU_ATTN_SCORE_FMA;
-	check_packed(128, 4, 1, 1, 16, 0.1, 37);
-}
 /* the first, CUDA-core-only version of the attention kernel */
 Test(gpu, packed_cuda_cores)
 {
@@ -1025,7 +1019,7 @@ Test(gpu, seg_schedule_matches_host)
 		cr_assert_eq(gpu_seg_schedule(&g, 96, okv, ovv, okp, ovp, &o, 0), -EINVAL);
 		cr_assert_eq(gpu_seg_schedule(&g, d, okv, ovv, okp, ovp, NULL, 0), -EINVAL);
 		cr_assert_eq(gpu_seg_schedule(&g, d, okv + 4, ovv, okp, ovp, &o, 0), -EINVAL);
-		cr_assert_eq(gpu_seg_schedule(&g, d, okv, ovv, dkp, ovp, &o, 0), -EINVAL,
+		cr_assert_eq(gpu_seg_schedule(&g, d, okv, ovv, dvp, ovp, &o, 0), -EINVAL,
 			     "an output that is another input");
 		cr_assert_eq(gpu_seg_schedule(&g, d, dkv + 8, ovv, okp, ovp, &o, 0), -EINVAL,
 			     "an output that half overlaps its input");
@@ -1390,51 +1384,6 @@ Test(gpu, packed_pdl_equals_plain, .timeout = 120)
 	uint32_t fl[3] = {GPU_ATTN_SMALL_ROWS, 0, GPU_ATTN_SELECT_MANY_CTAS};
 	for (int v = 0; v < 3; v++)
 		same_bits(&r, seed, fl[v] | GPU_ATTN_NO_PDL, fl[v], "PDL and plain launches");
-	run_free(&r);
-	for (uint32_t h = 0; h < LONG_H; h++)
-		gu_ctx_free(&c[h]);
-}
-
-/*
- * The attention CTAs' slots spread over the first wave
- * (GPU_ATTN_SLOT_SPREAD: gpu_wave_rank from the dispatch position) give
- * the same bits as each CTA taking its own slot, with the scratch and the
- * output poisoned before each run, so that a slot no CTA took, or one
- * taken twice, leaves garbage in a partial or the output; by the one-CTA
- * select in slot order (these shapes' default), by the many-CTA select
- * kept in slot order (GPU_ATTN_SLOT_ORDER), and with the CTAs ordered by
- * work, where the flag changes nothing.
- */
-Test(gpu, packed_slot_spread, .timeout = 120)
-{
-	GU_NEED_GPU();
-	uint64_t seed = gu_seed();
-	struct gu_ctx c[MAXH];
-	struct run r;
-	long_run(c, &r, seed, 0.4, 0);
-	const uint32_t fl[3] = {GPU_ATTN_SMALL_ROWS,
-				GPU_ATTN_SELECT_MANY_CTAS | GPU_ATTN_SLOT_ORDER,
-				GPU_ATTN_SELECT_MANY_CTAS};
-	const size_t n = (size_t)r.H * r.nq * r.d;
-	float *first = malloc(n * sizeof(float));
-	for (int v = 0; v < 3; v++) {
-		for (int pass = 0; pass < 2; pass++) {
-			GU_CK(cudaMemset(r.ws, 0xff, r.a.ws_bytes));
-			GU_CK(cudaMemset(r.dout, 0xff, n * sizeof(float)));
-			r.a.flags = fl[v] | (pass ? GPU_ATTN_SLOT_SPREAD : 0u);
-			cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
-			run_fetch(&r);
-			for (size_t i = 0; i < n; i++)
-				cr_assert(isfinite(r.out[i]), "seed %llu flags %#x: out[%zu] = %g",
-					  (unsigned long long)seed, r.a.flags, i, r.out[i]);
-			if (!pass)
-				memcpy(first, r.out, n * sizeof(float));
-		}
-		cr_assert(memcmp(first, r.out, n * sizeof(float)) == 0,
-			  "seed %llu flags %#x: spread and own slots differ",
-			  (unsigned long long)seed, fl[v]);
-	}
-	free(first);
 	run_free(&r);
 	for (uint32_t h = 0; h < LONG_H; h++)
 		gu_ctx_free(&c[h]);
@@ -1836,19 +1785,6 @@ Test(gpu, select_rest_s12_unstaged) { check_select_s(128, 4, 0.1, 16, 3000, 12, 
 Test(gpu, select_nq8_s32) { check_select_s(128, 8, 0.15, 16, 3000, 32, 6); }
 Test(gpu, select_many_blocks) { check_select(128, 4, 0.1, 8, 20000); }
 Test(gpu, select_d64_nq2) { check_select(64, 2, 0.37, 16, 900); }
-/* the scores as two sums of fused products (GPU_ATTN_SCORE_FMA, the
- * bench's os_fma), staged and not, against the same references and
- * tolerance */
-Test(gpu, select_llama_shape_fma)
-{
-	g_flags = GPU_ATTN_SCORE_FMA;
-	check_select(128, 4, 0.1, 16, 3000);
-}
-Test(gpu, select_rest_s12_unstaged_fma)
-{
-	g_flags = GPU_ATTN_SCORE_FMA;
-	check_select_s(128, 4, 0.1, 16, 3000, 12, 0);
-}
 Test(gpu, select_tiny_budget) { check_select(128, 1, 0.001, 32, 1000); }
 /* the score kernel's three stages (GPU_ATTN_SCORE_3STAGE) on S = 8 (the
  * remainder bound dominating), three heads, one head, S = 12 (not
@@ -2852,12 +2788,6 @@ Test(gpu, dense_d64_nq3) { check_dense(0, 64, 3, 16, 1.0); }
 Test(gpu, quest_llama_shape) { check_dense(1, 128, 4, 16, 0.1); }
 Test(gpu, quest_d64_b32_nq8) { check_dense(1, 64, 8, 32, 0.2); }
 Test(gpu, quest_b8_nq1) { check_dense(1, 128, 1, 8, 0.05); }
-/* Quest with its scores as two sums of fused products (GPU_ATTN_SCORE_FMA) */
-Test(gpu, quest_llama_shape_fma)
-{
-	g_flags = GPU_ATTN_SCORE_FMA;
-	check_dense(1, 128, 4, 16, 0.1);
-}
 /* Quest's selection in chunks of 512 blocks (GPU_ATTN_CHUNK_512) */
 Test(gpu, quest_chunk512)
 {
