@@ -32,7 +32,7 @@ if [ -n "${PAIRS:-}" ]; then
     # shellcheck disable=SC2086 # one argument set, split on purpose
     timeout "${PAIR_T:-150}" $B/bench/attn $args > "$OUT/pair.tmp" 2>&1
     rc=$?
-    grep -E "^pair|^attn:|RESULT" "$OUT/pair.tmp" | tee -a "$OUT/pairs.log"
+    grep -E "^pair|^attn:|^pos_sch|RESULT" "$OUT/pair.tmp" | tee -a "$OUT/pairs.log"
     # a set that timed out (124) or failed says so, with its last words
     [ $rc = 0 ] || { echo "-- rc=$rc"; tail -3 "$OUT/pair.tmp"; } | tee -a "$OUT/pairs.log"
   done
