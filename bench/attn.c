@@ -38,12 +38,12 @@
  * replay of a CUDA graph of the whole step, timed with events; the median
  * of 20 is reported.
  *
- * Usage: attn [--sdpa FILE] [--ctx 32768,...] [--batch 1,8] [--seg N] [--once 1..4]
+ * Usage: attn [--sdpa FILE] [--ctx 32768,...] [--batch 1,8] [--seg N] [--once 1..5]
  *             [--split 1] (--split: a line per shape with ours' score stage
  *             timed in parts, clear + qrot, + the score kernel, + the select;
  *             --once: one call of each contender, untimed, for profilers: 1
  *             the main columns, 2 the same after ours_g2, 3 ours_mny,
- *             ours_mso, 4 oscore, os_2st, os_3st)
+ *             ours_mso, 4 oscore, os_2st, os_3st, 5 pos_sch, ours_pos)
  *             [--score-only 1] (the score kernel alone: the stage cut after
  *             it, less the stage cut before it, by default, with two and
  *             three stages forced, and over 8-bit summaries)
@@ -1040,7 +1040,8 @@ int main(int argc, char **argv)
 		       "speedup_quest_1m_s8=nan score_speedup_quest_1m_s8=nan bw_frac_256k_s8=nan "
 		       "score_speedup_quest_1m_cut=nan score_speedup_quest_1m_s8_cut=nan "
 		       "speedup_dense_1m_g2=nan speedup_quest_1m_g2=nan bw_frac_256k_g2=nan "
-		       "speedup_dense_1m_g2s8=nan bw_frac_256k_g2s8=nan\n");
+		       "speedup_dense_1m_g2s8=nan bw_frac_256k_g2s8=nan speedup_dense_1m_sch=nan "
+		       "speedup_quest_1m_sch=nan bw_frac_256k_sch=nan\n");
 		return 0;
 	}
 	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -1114,7 +1115,7 @@ int main(int argc, char **argv)
 		       "%9s | %9s %9s | %9s %9s | %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s %9s | %9s "
 		       "%9s %9s %7s %9s | %9s %9s %9s %7s %7s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s "
 		       "%9s %9s | %9s %9s %7s %6s %9s %9s | %9s %9s %9s %9s | %9s %9s "
-		       "%9s %9s\n",
+		       "%9s %9s | %9s %7s %7s\n",
 		       "batch", "context", "dense_us", "sdpa_us", "d/sdpa", "quest_us",
 		       "qscore", "ours_us", "oscore", "ours_cc", "x_dense", "x_sdpa",
 		       "x_quest", "x_score", "ours_TBs", "bwfrac", "ours_q6", "ours_w",
@@ -1126,9 +1127,11 @@ int main(int argc, char **argv)
 		       "ours_so", "quest_wo", "pos8_so", "ours_b64", "ps8_b64", "ours_ni",
 		       "ours_g2", "g2_s8", "x_d_g2",
 		       "bwf_g2", "g2_512", "g28_512", "ours_mny", "g28_mny", "ours_mso",
-		       "ours_mni", "ours_2st", "os_2st", "ours_3st", "os_3st");
+		       "ours_mni", "ours_2st", "os_2st", "ours_3st", "os_3st", "pos_sch",
+		       "x_d_sch", "x_q_sch");
 	double r_dense1m = NAN, r_quest1m = NAN, r_score1m = NAN, r_sdpa1m = NAN, r_bw256 = NAN;
 	double r_dpos1m = NAN, r_qpos1m = NAN, r_bwpos256 = NAN;
+	double r_dsch1m = NAN, r_qsch1m = NAN, r_bwsch256 = NAN;
 	double r_ds81m = NAN, r_qs81m = NAN, r_sc81m = NAN, r_bws8256 = NAN;
 	double r_sccut1m = NAN, r_s8cut1m = NAN;
 	double r_dg21m = NAN, r_qg21m = NAN, r_bwg2256 = NAN, r_dg281m = NAN, r_bwg28256 = NAN;
@@ -1190,6 +1193,16 @@ int main(int argc, char **argv)
 				       "%.1f, 3 stages %.1f; 8-bit %.1f) us\n",
 				       B, L, t[0], t[1], t[2], t[3], t[4]);
 				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
+				continue;
+			}
+			if (once == 5) { /* pos_sch, then ours_pos (ncu on the scatter) */
+				sched_slabs(&s);
+				make_heads(&s, H, L, dsegs, dheads, ddense, 7);
+				RC(f_packed(&a, dheads, st));
+				make_heads(&s, H, L, dsegs, dheads, ddense, 2);
+				RC(f_packed(&a, dheads, st));
+				make_heads(&s, H, L, dsegs, dheads, ddense, 0);
+				CK(cudaStreamSynchronize(st));
 				continue;
 			}
 			if (once == 4) { /* oscore, os_2st, os_3st (ncu on k_score) */
@@ -1354,6 +1367,13 @@ int main(int argc, char **argv)
 			double t_pg28mny = time_step(f_packed_many, &a, dheads);
 			cudaGraphExecDestroy(g_pg28);
 			cudaGraphExecDestroy(g_pg285);
+			/* bf16 rows and positions in store order (pos_sch; the
+			 * slabs scheduled at the first shape) */
+			sched_slabs(&s);
+			make_heads(&s, H, L, dsegs, dheads, ddense, 7);
+			cudaGraphExec_t g_psch = capture(f_packed, &a, dheads);
+			double t_psch = time_graph(g_psch, 1);
+			cudaGraphExecDestroy(g_psch);
 			make_heads(&s, H, L, dsegs, dheads, ddense, 0);
 			/* bytes the packed step must read: summaries, both rotations of
 			 * every segment, the selected blocks' packed K and V, the window */
@@ -1384,7 +1404,8 @@ int main(int argc, char **argv)
 			       "%9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f | %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f "
 			       "%7.2f %9.1f | %9.1f %9.1f %9.1f %7.2f %7.2f | %9.1f %9.1f %9.1f %9.1f %9.1f | "
 			       "%9.1f %9.1f %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %7.2f "
-			       "%6.3f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f\n",
+			       "%6.3f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f | "
+			       "%9.1f %7.2f %7.2f\n",
 			       B, L, t_d, sd, t_d / sd, t_q, t_qs, t_p, t_ps, t_pc,
 			       t_d / t_p, sd / t_p, t_q / t_p, t_qs / t_ps,
 			       bytes / (t_p * 1e-6) / 1e12, bwf, t_pq, t_psc, t_pqs, t_ps1,
@@ -1396,7 +1417,7 @@ int main(int argc, char **argv)
 			       t_pg28, t_d / t_pg2,
 			       bytes_g2 / (t_pg2 * 1e-6) / copy_bw, t_pg25, t_pg285,
 			       t_pmny, t_pg28mny, t_pmso, t_pmni, t_p2st, t_ps2st, t_p3st,
-			       t_ps3st);
+			       t_ps3st, t_psch, t_d / t_psch, t_q / t_psch);
 			if (split) {
 				/* the stage in a graph, as in the step (with its PDL
 				 * hand-overs), cut after qrot and after the score */
@@ -1425,6 +1446,8 @@ int main(int argc, char **argv)
 				r_dg21m = t_d / t_pg2;
 				r_qg21m = t_q / t_pg2;
 				r_dg281m = t_d / t_pg28;
+				r_dsch1m = t_d / t_psch;
+				r_qsch1m = t_q / t_psch;
 			}
 			if (B == 1 && L == 262144) {
 				r_bw256 = bwf;
@@ -1432,6 +1455,7 @@ int main(int argc, char **argv)
 				r_bws8256 = bytes_pos8 / (t_pp8 * 1e-6) / copy_bw;
 				r_bwg2256 = bytes_g2 / (t_pg2 * 1e-6) / copy_bw;
 				r_bwg28256 = bytes_g28 / (t_pg28 * 1e-6) / copy_bw;
+				r_bwsch256 = bytes_pos / (t_psch * 1e-6) / copy_bw;
 			}
 			(void)nsel_tot;
 			cudaGraphExecDestroy(g_p);
@@ -1464,7 +1488,7 @@ int main(int argc, char **argv)
 	       "bandwidth; ours_q6 = ours over 6-bit rows of r = %d, same bytes; ours_w, q6_w = ours, "
 	       "ours_q6 without the staged path (GPU_ATTN_WALK: the version before it); os_1cta = oscore with the "
 	       "one-CTA select forced, GPU_ATTN_SELECT_ONE_CTA; os_many = the same with the many-CTA "
-	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, which orders the attention CTAs (the one-CTA select orders them only where windows are 512 blocks wide); ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, three CTAs an SM, GPU_ATTN_SCORE_2STAGE: the version before two spread over the SMs (two CTAs an SM, GPU_ATTN_SCORE_SPREAD) became the default wherever that grid has more CTAs than SMs; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE: the default before the spread where CTAs took eight tiles or more)\n", RQ);
+	       "select forced; ours_3, q6_3 = ours, ours_q6 without GPU_ATTN_SMALL_ROWS: three CTAs per SM, not five; ours_64 .. ours_512 = ours with work chunks of 64 / 128 / 256 / 512 blocks forced; ours_sl, quest_sl = ours, quest with the select writing lists for the attention kernel, GPU_ATTN_SELECT_LIST; ours_pos = ours with value positions beside the bitmaps, gpu_seg_positions; pos_128, pos_512 = ours_pos with work chunks of 128 / 512 blocks forced; ours_s8, os_s8 = ours, oscore with 8-bit summaries scored in integers, gpu_seg_sum8; pos_s8 = ours with both; x_sc_s8 = qscore / os_s8; oscut, qscut, os8cut = oscore, qscore, os_s8 run as the steps run them (GPU_ATTN_STAGE_CUT: where the step leaves only the cut, the stage writes no lists); x_sccut = qscut / oscut, x_s8cut = qscut / os8cut; ps8_ma = pos_s8 with the merge folding every slot, GPU_ATTN_MERGE_ALL: the merge before it compacted the live slots; ours_p1, ours_p2, ours_p4 = ours with 1, 2 or 4 slots a window forced, GPU_ATTN_PARTS_*: a window of many selected blocks split over them; ps8_p1 = pos_s8 with one slot a window; quest_p2 = quest with two slots a window forced; ours_so, pos8_so = ours, pos_s8 with the attention CTAs in slot order, GPU_ATTN_SLOT_ORDER: the version before the select ordered them by work; quest_wo = quest with its CTAs ordered by work, GPU_ATTN_WORK_ORDER; ours_b64, ps8_b64 = ours, pos_s8 with windows split only past 64 selected blocks a part, GPU_ATTN_PART_64; ours_ni = ours without the select's idle marks, GPU_ATTN_NO_IDLE: every attention CTA finds its own work; ours_g2 = ours with g = 2 bitmaps, a bit a pair of channels (the same values, 16 pairs of 48; the expansion's loads halve), g2_s8 = ours_g2 with 8-bit summaries, x_d_g2 = dense / ours_g2, bwf_g2 = ours_g2's bwfrac; g2_512, g28_512 = ours_g2, g2_s8 with work chunks of 512 blocks forced; ours_mny, g28_mny = ours, g2_s8 with the many-CTA select forced, GPU_ATTN_SELECT_MANY_CTAS: the step's select where a context has 32,768 blocks or more, which orders the attention CTAs (the one-CTA select orders them only where windows are 512 blocks wide); ours_mso, ours_mni = ours_mny in slot order (GPU_ATTN_SLOT_ORDER) and without idle marks (GPU_ATTN_NO_IDLE); ours_2st, os_2st = ours, oscore with the score kernel's two stages of tiles forced, three CTAs an SM, GPU_ATTN_SCORE_2STAGE: the version before two spread over the SMs (two CTAs an SM, GPU_ATTN_SCORE_SPREAD) became the default wherever that grid has more CTAs than SMs; ours_3st, os_3st = the same with three forced, GPU_ATTN_SCORE_3STAGE: the default before the spread where CTAs took eight tiles or more; pos_sch = ours_pos with each 16-token block's (value, position) pairs in store order, gpu_seg_schedule; x_d_sch = dense / pos_sch, x_q_sch = quest / pos_sch)\n", RQ);
 
 	if (once)
 		return 0;
@@ -1491,7 +1515,8 @@ int main(int argc, char **argv)
 	 * device format; the _pos keys are the same with value positions
 	 * (mkv_seq_opts.device_positions); the _s8 keys with value positions
 	 * and 8-bit scores (pos_s8; its score stage os_s8); the _g2 keys with
-	 * g = 2 bitmaps (ours_g2), _g2s8 with 8-bit summaries too (g2_s8) */
+	 * g = 2 bitmaps (ours_g2), _g2s8 with 8-bit summaries too (g2_s8); _sch
+	 * with value positions in store order (pos_sch, gpu_seg_schedule) */
 	printf("RESULT name=attn speedup_dense_1m=%.3f speedup_quest_1m=%.3f "
 	       "score_speedup_quest_1m=%.3f dense_vs_sdpa_1m=%.3f bw_frac_256k=%.3f "
 	       "flush_us_per_layer=%.2f prefill_encode_frac_64k=%.4f speedup_dense_1m_pos=%.3f "
@@ -1499,9 +1524,10 @@ int main(int argc, char **argv)
 	       "speedup_quest_1m_s8=%.3f score_speedup_quest_1m_s8=%.3f bw_frac_256k_s8=%.3f "
 	       "score_speedup_quest_1m_cut=%.3f score_speedup_quest_1m_s8_cut=%.3f "
 	       "speedup_dense_1m_g2=%.3f speedup_quest_1m_g2=%.3f bw_frac_256k_g2=%.3f "
-	       "speedup_dense_1m_g2s8=%.3f bw_frac_256k_g2s8=%.3f\n",
+	       "speedup_dense_1m_g2s8=%.3f bw_frac_256k_g2s8=%.3f speedup_dense_1m_sch=%.3f "
+	       "speedup_quest_1m_sch=%.3f bw_frac_256k_sch=%.3f\n",
 	       r_dense1m, r_quest1m, r_score1m, r_sdpa1m, r_bw256, flush, frac, r_dpos1m, r_qpos1m,
 	       r_bwpos256, r_ds81m, r_qs81m, r_sc81m, r_bws8256, r_sccut1m, r_s8cut1m, r_dg21m,
-	       r_qg21m, r_bwg2256, r_dg281m, r_bwg28256);
+	       r_qg21m, r_bwg2256, r_dg281m, r_bwg28256, r_dsch1m, r_qsch1m, r_bwsch256);
 	return 0;
 }

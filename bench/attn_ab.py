@@ -18,11 +18,14 @@ node; ours_lt, os_lt, g28_lt: no early loads; ours_ofl, ours_mfl: the
 first wave in rank order) and of the serial select tail (ours_sts,
 g28_sts), settled by pairs; the forty-eighth those of the fine histogram
 added to global memory by every warp (ours_fg, os_fg, os8_fg, g28_fg:
-GPU_ATTN_FINE_GLOBAL); an older log's columns print if named."""
+GPU_ATTN_FINE_GLOBAL); the forty-ninth those of the fused-product scores
+(ours_fma, os_fma, qs_fma: GPU_ATTN_SCORE_FMA) and added pos_sch (value
+positions in store order, beside ours_pos); an older log's columns print
+if named."""
 import sys
 
 DEFAULT = ["ours_us", "oscore", "os_s8", "g2_s8", "ours_2st", "ours_3st", "os_2st", "os_3st",
-           "ours_g2", "ours_mny", "os_1cta", "os_many", "quest_us"]
+           "ours_g2", "ours_mny", "os_1cta", "os_many", "ours_pos", "pos_sch", "quest_us"]
 
 
 def rows(path):
