@@ -62,7 +62,8 @@
  *             sees the same clock for both)
  *             [--pair-modes A,B] (with --pair: A runs over the segments of
  *             mode A, B over those of mode B, make_heads' modes: 0 ours,
- *             2 ours_pos, 7 pos_sch, ...; default 0,0)
+ *             1 ours_q6, 2 ours_pos, 3 pos_s8, 4 ours_s8, 5 ours_g2, 6
+ *             g2_s8, 7 pos_sch; default 0,0)
  */
 #include <errno.h>
 #include <math.h>
@@ -1011,10 +1012,9 @@ int main(int argc, char **argv)
 			}
 		} else if (!strcmp(argv[i], "--pair-modes")) {
 			if (sscanf(argv[i + 1], "%d,%d", &pmode[0], &pmode[1]) != 2 || pmode[0] < 0 ||
-			    pmode[0] > 7 || pmode[1] < 0 || pmode[1] > 7 || pmode[0] == 1 ||
-			    pmode[1] == 1) {
+			    pmode[0] > 7 || pmode[1] < 0 || pmode[1] > 7) {
 				fprintf(stderr, "attn: --pair-modes takes two of make_heads' modes "
-						"0, 2..7, e.g. 2,7\n");
+						"0..7, e.g. 2,7\n");
 				return 2;
 			}
 		} else if (!strcmp(argv[i], "--pair-rounds")) {
