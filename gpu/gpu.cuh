@@ -617,6 +617,29 @@ GPU_HIDDEN int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, u
 				 uint64_t n, uint8_t *pos, cudaStream_t s);
 
 /*
+ * One scheduled row back in channel order: its first @S (value, position)
+ * pairs sorted by position, stably.  The positions' layout puts a row's
+ * channels in increasing order and its padding (r up to S) at d_keep, past
+ * every channel, so this restores the row gpu_seg_positions and the image
+ * laid out, byte for byte, wherever the pads hold equal values (zeros in
+ * every image the library writes).
+ */
+static inline GPU_HD void gpu_unsched_row(uint16_t *val, uint8_t *pos, uint32_t S)
+{
+	for (uint32_t i = 1; i < S; i++) {
+		uint16_t v = val[i];
+		uint8_t p = pos[i];
+		uint32_t j = i;
+		for (; j > 0 && pos[j - 1] > p; j--) {
+			val[j] = val[j - 1];
+			pos[j] = pos[j - 1];
+		}
+		val[j] = v;
+		pos[j] = p;
+	}
+}
+
+/*
  * Put each 16-token block of segment @sg (a host copy: g = 1 and bf16 rows
  * on both halves, positions on both, b = 16, and GPU_ATTN_SMALL_ROWS'
  * promise at @d 64 or 128 (gpu_seg_small_rows: r <= 32, d_keep <= 3 d /
@@ -636,6 +659,17 @@ GPU_HIDDEN int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, u
 GPU_HIDDEN int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val,
 				uint16_t *v_val, uint8_t *k_pos, uint8_t *v_pos,
 				struct gpu_seg *out, cudaStream_t s);
+/*
+ * Undo gpu_seg_schedule on segment @sg (a host copy with sched set), in
+ * place: every row back in channel order (gpu_unsched_row), so the bitmap
+ * paths read it again.  *@out gets @sg with sched 0 at once, the arrays
+ * when the work on @s is done.  Why: a step that cannot run the small
+ * layout must not meet a scheduled segment (gpu_seg.sched).  -EINVAL for
+ * NULL arguments, sched 0, or a segment gpu_seg_schedule would refuse;
+ * nothing is written then.
+ */
+GPU_HIDDEN int gpu_seg_unschedule(const struct gpu_seg *sg, uint32_t d, struct gpu_seg *out,
+				  cudaStream_t s);
 
 /*
  * 8-bit summaries of @nb blocks from their bf16 ones (@mn, @mx: nb × @S,

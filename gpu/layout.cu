@@ -184,6 +184,44 @@ int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint
 	return 0;
 }
 
+/* One thread a row: the K rows, then the V rows. */
+__global__ void k_seg_unschedule(uint16_t *kv, uint16_t *vv, uint8_t *kp, uint8_t *vp,
+				 uint32_t n, uint32_t krs, uint32_t vrs, uint32_t kps, uint32_t vps,
+				 uint32_t sk, uint32_t sv)
+{
+	uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= 2ull * n)
+		return;
+	if (i < n)
+		gpu_unsched_row(kv + i * krs, kp + i * kps, sk);
+	else
+		gpu_unsched_row(vv + (i - n) * vrs, vp + (i - n) * vps, sv);
+}
+
+int gpu_seg_unschedule(const struct gpu_seg *sg, uint32_t d, struct gpu_seg *out, cudaStream_t s)
+{
+	if (!sg || !out || !sg->sched)
+		return -EINVAL;
+	struct gpu_seg g = *sg;
+	g.sched = 0;
+	/* the segments gpu_seg_schedule takes */
+	const uint32_t sk = (g.k_r + 7) & ~7u, sv = (g.v_r + 7) & ~7u;
+	if (!g.k_val || !g.v_val || !g.k_pos || !g.v_pos || g.n == 0 || g.b != 16 ||
+	    g.k_g != 1 || g.v_g != 1 || g.k_vb != 0 || g.v_vb != 0 || g.k_r == 0 || g.v_r == 0 ||
+	    sk > GPU_SCHED_SLOTS || sv > GPU_SCHED_SLOTS || g.k_rs < sk || g.v_rs < sv ||
+	    (d != 64 && d != 128) || !gpu_seg_small_rows(&g, d))
+		return -EINVAL;
+	const uint64_t nt = 2ull * g.n;
+	k_seg_unschedule<<<(uint32_t)((nt + 127) / 128), 128, 0, s>>>(
+		(uint16_t *)g.k_val, (uint16_t *)g.v_val, (uint8_t *)g.k_pos, (uint8_t *)g.v_pos, g.n,
+		g.k_rs, g.v_rs, GPU_POS_STRIDE(g.k_r), GPU_POS_STRIDE(g.v_r), sk, sv);
+	int rc = gpu_errno(cudaGetLastError());
+	if (rc)
+		return rc;
+	*out = g;
+	return 0;
+}
+
 /* One thread a block: mkv_summary8's steps in its order (mosaickv/
  * attention.c, block8): the largest |bound|, its bf16 rounding up over
  * 127, the floor and ceiling of each bound on that grid; the words

@@ -911,6 +911,50 @@ Test(gpu, sched_block_host)
 }
 
 /*
+ * gpu_unsched_row on the host (no GPU needed): blocks put in store order
+ * by gpu_sched_block, each row permuted so, then sorted back, equal their
+ * rows before, values and positions (pads at d_keep holding zeros, as
+ * every image does), for the formats above.
+ */
+Test(gpu, unsched_row_restores_host)
+{
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	const struct { uint32_t dk, r, ld; } f[] = {{96, 32, 104}, {96, 20, 104}, {48, 12, 56}};
+	uint8_t *ord = malloc(32 * GPU_SCHED_SLOTS);
+	cr_assert(ord);
+	for (size_t v = 0; v < sizeof f / sizeof f[0]; v++) {
+		const uint32_t ps = GPU_POS_STRIDE(f[v].r), S = (f[v].r + 7) & ~7u;
+		uint8_t kp[16 * 48], vp[16 * 48], pos[32][48], p0[32][48];
+		uint16_t val[32][48], v0[32][48];
+		for (int b = 0; b < 40; b++) {
+			sched_rows(&rng, kp, 16, f[v].dk, f[v].r);
+			sched_rows(&rng, vp, 16, f[v].dk, f[v].r);
+			gpu_sched_block(kp, ps, vp, ps, 16, S, S, f[v].ld, ord);
+			for (uint32_t l = 0; l < 32; l++) {
+				const uint8_t *src = (l < 16 ? kp : vp) + (l % 16) * ps;
+				for (uint32_t j = 0; j < S; j++) {
+					p0[l][j] = src[j];
+					v0[l][j] = j < f[v].r ? (uint16_t)(1 + gu_below(&rng, 65535)) : 0;
+				}
+				for (uint32_t j = 0; j < S; j++) {
+					uint32_t i = ord[l * GPU_SCHED_SLOTS + j];
+					pos[l][j] = p0[l][i];
+					val[l][j] = v0[l][i];
+				}
+				gpu_unsched_row(val[l], pos[l], S);
+				cr_assert(memcmp(pos[l], p0[l], S) == 0 &&
+					  memcmp(val[l], v0[l], S * 2) == 0,
+					  "seed %llu format %zu block %d lane %u: not restored",
+					  (unsigned long long)seed, v, b, l);
+			}
+		}
+	}
+	free(ord);
+}
+
+/*
  * gpu_seg_schedule against gpu_sched_block on the host: every block's rows
  * permuted as the host's order says, values and positions alike, the bytes
  * past the slots kept; into other arrays and in place; segments of every
@@ -1062,6 +1106,94 @@ Test(gpu, seg_schedule_matches_host)
 		free(hv), free(hp);
 	}
 	free(ord);
+}
+
+/*
+ * gpu_seg_unschedule undoes gpu_seg_schedule on encoded segments: every
+ * array byte for byte as uploaded, and the general layout (which reads rows
+ * by bitmap) gives the same bits as before the round trip, not NaN.
+ * Refused: a segment not scheduled, changing nothing.
+ */
+Test(gpu, seg_unschedule_restores, .timeout = 60)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t maxb, d = 128, H = 2, nseg = 3;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, 16, 1);
+	struct gu_ctx c[MAXH];
+	g_pos = ~0u;
+	build_ctxs(c, H, &rng, d, nseg, 1500, 9, &eo, &maxb);
+	struct run r;
+	run_init(&r, &rng, H, 4, d, 0.3);
+	run_args(&r, nseg, maxb, 9, 16);
+	upload_heads(&r, c);
+	const size_t n = (size_t)H * r.nq * d;
+	float *first = malloc(n * sizeof(float));
+	r.a.flags = 0; /* the general layout: rows by bitmap */
+	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+	run_fetch(&r);
+	memcpy(first, r.out, n * sizeof(float));
+	/* each segment's four arrays before */
+	void *before[MAXH][16][4];
+	size_t len[MAXH][16][4];
+	for (uint32_t h = 0; h < H; h++)
+		for (uint32_t s = 0; s < nseg; s++) {
+			const struct gpu_seg *g = &c[h].segs[s];
+			const void *a[4] = {g->k_val, g->v_val, g->k_pos, g->v_pos};
+			len[h][s][0] = (size_t)g->n * g->k_rs * 2;
+			len[h][s][1] = (size_t)g->n * g->v_rs * 2;
+			len[h][s][2] = (size_t)g->n * GPU_POS_STRIDE(g->k_r);
+			len[h][s][3] = (size_t)g->n * GPU_POS_STRIDE(g->v_r);
+			for (int k = 0; k < 4; k++) {
+				before[h][s][k] = malloc(len[h][s][k]);
+				GU_CK(cudaMemcpy(before[h][s][k], a[k], len[h][s][k],
+						 cudaMemcpyDeviceToHost));
+			}
+		}
+	for (uint32_t h = 0; h < H; h++) {
+		struct gpu_seg o;
+		cr_assert_eq(gpu_seg_unschedule(&c[h].segs[0], d, &o, 0), -EINVAL,
+			     "a segment never scheduled");
+		gu_ctx_schedule(&c[h], ~0u);
+		for (uint32_t s = 0; s < nseg; s++) {
+			cr_assert_eq(gpu_seg_unschedule(&c[h].segs[s], 96, &o, 0), -EINVAL);
+			cr_assert_eq(gpu_seg_unschedule(&c[h].segs[s], d, NULL, 0), -EINVAL);
+			cr_assert_eq(gpu_seg_unschedule(&c[h].segs[s], d, &c[h].segs[s], 0), 0);
+			cr_assert_eq(c[h].segs[s].sched, 0u);
+		}
+		GU_CK(cudaDeviceSynchronize());
+		cudaFree(c[h].dsegs);
+		c[h].dsegs = gu_upload(c[h].segs, sizeof(struct gpu_seg) * nseg);
+	}
+	for (uint32_t h = 0; h < H; h++)
+		for (uint32_t s = 0; s < nseg; s++) {
+			const struct gpu_seg *g = &c[h].segs[s];
+			const void *a[4] = {g->k_val, g->v_val, g->k_pos, g->v_pos};
+			for (int k = 0; k < 4; k++) {
+				void *now = malloc(len[h][s][k]);
+				GU_CK(cudaMemcpy(now, a[k], len[h][s][k], cudaMemcpyDeviceToHost));
+				cr_assert(memcmp(now, before[h][s][k], len[h][s][k]) == 0,
+					  "seed %llu head %u segment %u array %d: not restored",
+					  (unsigned long long)seed, h, s, k);
+				free(now);
+				free(before[h][s][k]);
+			}
+		}
+	cudaFree(r.dheads);
+	upload_heads(&r, c);
+	GU_CK(cudaMemset(r.dout, 0xff, n * sizeof(float)));
+	cr_assert_eq(gpu_attend_packed(&r.a, r.dheads, 0), 0);
+	run_fetch(&r);
+	cr_assert(memcmp(first, r.out, n * sizeof(float)) == 0,
+		  "seed %llu: the round trip changed the general layout's output",
+		  (unsigned long long)seed);
+	free(first);
+	run_free(&r);
+	for (uint32_t h = 0; h < H; h++)
+		gu_ctx_free(&c[h]);
 }
 
 /* PackedAttention over scheduled segments against mkv_attend_packed (the
