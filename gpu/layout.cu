@@ -134,19 +134,27 @@ static bool part_overlap(const void *a, size_t na, const void *b, size_t nb)
 	return x != y && x < y + nb && y < x + na;
 }
 
+/* The segments gpu_seg_schedule puts in store order, and so the ones
+ * gpu_seg_unschedule takes back: the positions' path's format at head
+ * dimension @d (only the small layout reads scheduled rows). */
+static bool sched_seg_ok(const struct gpu_seg &g, uint32_t d)
+{
+	const uint32_t sk = (g.k_r + 7) & ~7u, sv = (g.v_r + 7) & ~7u;
+	return (d == 64 || d == 128) && g.k_val && g.v_val && g.k_pos && g.v_pos && g.n != 0 &&
+	       g.b == 16 && g.k_g == 1 && g.v_g == 1 && g.k_vb == 0 && g.v_vb == 0 && g.k_r != 0 &&
+	       g.v_r != 0 && g.k_r <= g.k_dk && g.v_r <= g.v_dk && g.k_dk <= 3 * d / 4 &&
+	       g.v_dk <= 3 * d / 4 && sk <= GPU_SCHED_SLOTS && sv <= GPU_SCHED_SLOTS &&
+	       g.k_rs >= sk && g.v_rs >= sv && !(g.k_rs & 7u) && !(g.v_rs & 7u) &&
+	       gpu_seg_small_rows(&g, d);
+}
+
 int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint16_t *v_val,
 		     uint8_t *k_pos, uint8_t *v_pos, struct gpu_seg *out, cudaStream_t s)
 {
-	if (!sg || !out || !k_val || !v_val || !k_pos || !v_pos || (d != 64 && d != 128))
+	if (!sg || !out || !k_val || !v_val || !k_pos || !v_pos || !sched_seg_ok(*sg, d))
 		return -EINVAL;
 	const struct gpu_seg g = *sg;
 	const uint32_t sk = (g.k_r + 7) & ~7u, sv = (g.v_r + 7) & ~7u;
-	if (!g.k_val || !g.v_val || !g.k_pos || !g.v_pos || g.n == 0 || g.b != 16 ||
-	    g.k_g != 1 || g.v_g != 1 || g.k_vb != 0 || g.v_vb != 0 || g.k_r == 0 || g.v_r == 0 ||
-	    g.k_r > g.k_dk || g.v_r > g.v_dk || g.k_dk > 3 * d / 4 || g.v_dk > 3 * d / 4 ||
-	    sk > GPU_SCHED_SLOTS || sv > GPU_SCHED_SLOTS || g.k_rs < sk || g.v_rs < sv ||
-	    (g.k_rs & 7u) || (g.v_rs & 7u) || !gpu_seg_small_rows(&g, d))
-		return -EINVAL; /* (only the small layout reads scheduled rows) */
 	const void *arr[8] = {g.k_val, g.v_val, g.k_pos, g.v_pos, k_val, v_val, k_pos, v_pos};
 	for (int i = 0; i < 8; i++)
 		if ((uintptr_t)arr[i] & 15u)
@@ -200,17 +208,11 @@ __global__ void k_seg_unschedule(uint16_t *kv, uint16_t *vv, uint8_t *kp, uint8_
 
 int gpu_seg_unschedule(const struct gpu_seg *sg, uint32_t d, struct gpu_seg *out, cudaStream_t s)
 {
-	if (!sg || !out || !sg->sched)
+	if (!sg || !out || !sg->sched || !sched_seg_ok(*sg, d))
 		return -EINVAL;
 	struct gpu_seg g = *sg;
 	g.sched = 0;
-	/* the segments gpu_seg_schedule takes */
 	const uint32_t sk = (g.k_r + 7) & ~7u, sv = (g.v_r + 7) & ~7u;
-	if (!g.k_val || !g.v_val || !g.k_pos || !g.v_pos || g.n == 0 || g.b != 16 ||
-	    g.k_g != 1 || g.v_g != 1 || g.k_vb != 0 || g.v_vb != 0 || g.k_r == 0 || g.v_r == 0 ||
-	    sk > GPU_SCHED_SLOTS || sv > GPU_SCHED_SLOTS || g.k_rs < sk || g.v_rs < sv ||
-	    (d != 64 && d != 128) || !gpu_seg_small_rows(&g, d))
-		return -EINVAL;
 	const uint64_t nt = 2ull * g.n;
 	k_seg_unschedule<<<(uint32_t)((nt + 127) / 128), 128, 0, s>>>(
 		(uint16_t *)g.k_val, (uint16_t *)g.v_val, (uint8_t *)g.k_pos, (uint8_t *)g.v_pos, g.n,
