@@ -179,6 +179,12 @@ void gu_ctx_build_quiet(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t
 	}
 }
 
+void gu_ctx_segs_upload(struct gu_ctx *c)
+{
+	cudaFree(c->dsegs);
+	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
+}
+
 void gu_ctx_positions(struct gu_ctx *c, uint32_t mask)
 {
 	for (uint32_t s = 0; s < c->nseg; s++) {
@@ -195,8 +201,7 @@ void gu_ctx_positions(struct gu_ctx *c, uint32_t mask)
 		g->k_pos = p;
 		g->v_pos = p + kb;
 	}
-	cudaFree(c->dsegs);
-	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
+	gu_ctx_segs_upload(c);
 }
 
 void gu_ctx_schedule(struct gu_ctx *c, uint32_t mask)
@@ -212,8 +217,7 @@ void gu_ctx_schedule(struct gu_ctx *c, uint32_t mask)
 		cr_assert(g->sched > 0);
 	}
 	GU_CK(cudaDeviceSynchronize());
-	cudaFree(c->dsegs);
-	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
+	gu_ctx_segs_upload(c);
 }
 
 void gu_ctx_sum8(struct gu_ctx *c, uint32_t mask)
@@ -231,8 +235,7 @@ void gu_ctx_sum8(struct gu_ctx *c, uint32_t mask)
 		g->s8 = (const int8_t *)p;
 		g->s8_scale = (const float *)(p + rb);
 	}
-	cudaFree(c->dsegs);
-	c->dsegs = gu_upload(c->segs, sizeof(struct gpu_seg) * (c->nseg ? c->nseg : 1));
+	gu_ctx_segs_upload(c);
 }
 
 void gu_ctx_free(struct gu_ctx *c)

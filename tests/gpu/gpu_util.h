@@ -78,6 +78,8 @@ void gu_ctx_build_quiet(struct gu_ctx *c, struct gu_rng *g, uint32_t d, uint32_t
 			const size_t *lens, uint32_t win_n, const struct mkv_encode_opts *o,
 			size_t q0, size_t q1, float f);
 void gu_ctx_free(struct gu_ctx *c);
+/* Upload @c's segment array again (after its host copy changed). */
+void gu_ctx_segs_upload(struct gu_ctx *c);
 /* Give segment s of @c value positions (gpu_seg_positions) where bit s of
  * @mask is set; re-uploads the segment array. */
 void gu_ctx_positions(struct gu_ctx *c, uint32_t mask);

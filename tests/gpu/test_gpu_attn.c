@@ -1108,6 +1108,24 @@ Test(gpu, seg_schedule_matches_host)
 	free(ord);
 }
 
+/* @H contexts of @nseg segments (@base .. 2 @base tokens, one short) in
+ * blocks of 16, r = 32 of 96, with value positions, and a window of @win
+ * - h tokens; four query heads, 30 % of the tokens; flags 0. */
+static void pos_run(struct gu_ctx *c, struct run *r, uint64_t seed, uint32_t H, uint32_t nseg,
+		    size_t base, uint32_t win)
+{
+	struct gu_rng rng;
+	gu_rng_init(&rng, seed);
+	uint32_t maxb, d = 128;
+	struct mkv_encode_opts eo;
+	enc_opts(&eo, d, 32, 1, 16, 1);
+	g_pos = ~0u;
+	build_ctxs(c, H, &rng, d, nseg, base, win, &eo, &maxb);
+	run_init(r, &rng, H, 4, d, 0.3);
+	run_args(r, nseg, maxb, win, 16);
+	upload_heads(r, c);
+}
+
 /*
  * gpu_seg_unschedule undoes gpu_seg_schedule on encoded segments: every
  * array byte for byte as uploaded, and the general layout (which reads rows
@@ -1118,18 +1136,10 @@ Test(gpu, seg_unschedule_restores, .timeout = 60)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
-	struct gu_rng rng;
-	gu_rng_init(&rng, seed);
-	uint32_t maxb, d = 128, H = 2, nseg = 3;
-	struct mkv_encode_opts eo;
-	enc_opts(&eo, d, 32, 1, 16, 1);
+	const uint32_t d = 128, H = 2, nseg = 3;
 	struct gu_ctx c[MAXH];
-	g_pos = ~0u;
-	build_ctxs(c, H, &rng, d, nseg, 1500, 9, &eo, &maxb);
 	struct run r;
-	run_init(&r, &rng, H, 4, d, 0.3);
-	run_args(&r, nseg, maxb, 9, 16);
-	upload_heads(&r, c);
+	pos_run(c, &r, seed, H, nseg, 1500, 9);
 	const size_t n = (size_t)H * r.nq * d;
 	float *first = malloc(n * sizeof(float));
 	r.a.flags = 0; /* the general layout: rows by bitmap */
@@ -1165,8 +1175,7 @@ Test(gpu, seg_unschedule_restores, .timeout = 60)
 			cr_assert_eq(c[h].segs[s].sched, 0u);
 		}
 		GU_CK(cudaDeviceSynchronize());
-		cudaFree(c[h].dsegs);
-		c[h].dsegs = gu_upload(c[h].segs, sizeof(struct gpu_seg) * nseg);
+		gu_ctx_segs_upload(&c[h]);
 	}
 	for (uint32_t h = 0; h < H; h++)
 		for (uint32_t s = 0; s < nseg; s++) {
@@ -1225,18 +1234,10 @@ Test(gpu, packed_sched_same_bits, .timeout = 120)
 {
 	GU_NEED_GPU();
 	uint64_t seed = gu_seed();
-	struct gu_rng rng;
-	gu_rng_init(&rng, seed);
-	uint32_t maxb, d = 128, H = 3, nseg = 4;
-	struct mkv_encode_opts eo;
-	enc_opts(&eo, d, 32, 1, 16, 1);
+	const uint32_t d = 128, H = 3, nseg = 4;
 	struct gu_ctx c[MAXH];
-	g_pos = ~0u;
-	build_ctxs(c, H, &rng, d, nseg, 6000, 21, &eo, &maxb);
 	struct run r;
-	run_init(&r, &rng, H, 4, d, 0.3);
-	run_args(&r, nseg, maxb, 21, 16);
-	upload_heads(&r, c);
+	pos_run(c, &r, seed, H, nseg, 6000, 21);
 	const uint32_t fl[3] = {GPU_ATTN_SMALL_ROWS, GPU_ATTN_SMALL_ROWS | GPU_ATTN_CHUNK_64,
 				GPU_ATTN_SMALL_ROWS | GPU_ATTN_SELECT_MANY_CTAS};
 	const size_t n = (size_t)H * r.nq * d;
