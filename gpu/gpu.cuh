@@ -149,7 +149,10 @@ struct gpu_seg {
  * lane stores at that step.  Returns the wavefronts of the scheduled
  * stores.
  */
-#define GPU_SCHED_SLOTS 96
+/* 32: the small layout's rows (r <= 32) are the only ones scheduled, and
+ * the kernel's per-thread arrays scale with it (at 96 they took 7.8 KB a
+ * thread, spilled past L1: 2 ms a block) */
+#define GPU_SCHED_SLOTS 32
 static inline GPU_HD uint32_t gpu_sched_bank(const uint8_t *kp, uint32_t kps, const uint8_t *vp,
 					     uint32_t vps, uint32_t ld, uint32_t lane, uint32_t i)
 {
@@ -659,6 +662,10 @@ static inline GPU_HD void gpu_unsched_row(uint16_t *val, uint8_t *pos, uint32_t 
 GPU_HIDDEN int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val,
 				uint16_t *v_val, uint8_t *k_pos, uint8_t *v_pos,
 				struct gpu_seg *out, cudaStream_t s);
+/* 1 if gpu_seg_schedule takes segment @sg (a host copy) at head dimension
+ * @d, else 0 (NULL included): the format test alone, not the arrays'
+ * alignment. */
+GPU_HIDDEN int gpu_seg_schedulable(const struct gpu_seg *sg, uint32_t d);
 /*
  * Undo gpu_seg_schedule on segment @sg (a host copy with sched set), in
  * place: every row back in channel order (gpu_unsched_row), so the bitmap

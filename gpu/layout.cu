@@ -148,6 +148,11 @@ static bool sched_seg_ok(const struct gpu_seg &g, uint32_t d)
 	       gpu_seg_small_rows(&g, d);
 }
 
+int gpu_seg_schedulable(const struct gpu_seg *sg, uint32_t d)
+{
+	return sg && sched_seg_ok(*sg, d);
+}
+
 int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint16_t *v_val,
 		     uint8_t *k_pos, uint8_t *v_pos, struct gpu_seg *out, cudaStream_t s)
 {
@@ -176,10 +181,18 @@ int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint
 		}
 	}
 	const uint32_t ld = 16u * (3u * d / 64u) + 8u, nb = (g.n + 15) / 16;
-	k_seg_schedule<<<(nb + 63) / 64, 64, 0, s>>>(g.k_val, g.v_val, g.k_pos, g.v_pos, k_val,
+	/* A thread's block is a serial search over ~3 KB of its own arrays
+	 * (local memory): L1 all the way (no shared memory wanted) and CTAs
+	 * of one warp, so that a segment's blocks spread over more SMs and
+	 * their arrays stay in L1, since its latency bounds a segment */
+	int rc = gpu_errno(cudaFuncSetAttribute(
+		k_seg_schedule, cudaFuncAttributePreferredSharedMemoryCarveout, 0));
+	if (rc)
+		return rc;
+	k_seg_schedule<<<(nb + 31) / 32, 32, 0, s>>>(g.k_val, g.v_val, g.k_pos, g.v_pos, k_val,
 						      v_val, k_pos, v_pos, g.n, g.k_rs, g.v_rs,
 						      kps, vps, sk, sv, ld);
-	int rc = gpu_errno(cudaGetLastError());
+	rc = gpu_errno(cudaGetLastError());
 	if (rc)
 		return rc;
 	struct gpu_seg o = g;

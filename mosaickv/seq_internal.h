@@ -157,6 +157,9 @@ int seqgpu_attend_host(struct mkv_seq *s, uint32_t layer, const float *q,
 /* Device bytes held and failed uploads, for the stats. */
 uint64_t seqgpu_bytes(const struct seqgpu *g);
 uint64_t seqgpu_upload_failed(const struct seqgpu *g);
+/* Final segments' device copies put in store order, and of those, put
+ * back by an attend (mkv_seq_stats.device_ordered, _unordered). */
+void seqgpu_order_counts(const struct seqgpu *g, uint64_t *ordered, uint64_t *unordered);
 
 /* 1 if @p is device memory the host cannot read (a cudaMalloc pointer),
  * 0 otherwise (host memory, or no CUDA).  Only asked when @dev >= 0. */

@@ -123,6 +123,10 @@ struct seqgpu {
 	size_t nret, capret;
 	uint64_t bytes;         /* atomic */
 	uint64_t upload_failed; /* atomic */
+	/* Copies in store order (gpu_seg_schedule), atomic: live now (the
+	 * attend looks for them only when there are any), made, and put back
+	 * in channel order by an attend that could not run the small layout. */
+	uint64_t nsched, ordered, unordered;
 };
 
 static int cu_errno(cudaError_t e)
@@ -360,6 +364,18 @@ static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
 			goto fail;
 		x->g.k_pos = kp;
 		x->g.v_pos = vp;
+		/* A final segment the positions' path reads in the small
+		 * layout gets its pairs in store order, in place: the same
+		 * output with fewer shared-memory wavefronts (gpu/NOTES.md,
+		 * forty-ninth session).  An attend that cannot run that layout
+		 * puts it back first (unorder_layer). */
+		if (final && x->g.n && gpu_seg_schedulable(&x->g, g->d)) {
+			struct gpu_seg o;
+			if ((rc = gpu_seg_schedule(&x->g, g->d, (uint16_t *)x->g.k_val,
+						   (uint16_t *)x->g.v_val, kp, vp, &o, st)))
+				goto fail;
+			x->g = o;
+		}
 	}
 	if (sbytes) {
 		/* from the bf16 summaries just copied, behind them */
@@ -372,6 +388,10 @@ static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
 	}
 	CK(cudaStreamSynchronize(st));
 	free(img);
+	if (x->g.sched) {
+		__atomic_fetch_add(&g->nsched, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&g->ordered, 1, __ATOMIC_RELAXED);
+	}
 	bytes += pbytes + sbytes;
 	x->bytes = bytes;
 	x->cap = cap;
@@ -415,6 +435,8 @@ void seqgpu_drop(struct seqgpu *g, struct dseg *x)
 		dev_leave(g, prev);
 	}
 	bytes_sub(g, x->bytes);
+	if (x->g.sched)
+		__atomic_fetch_sub(&g->nsched, 1, __ATOMIC_RELAXED);
 	free(x);
 }
 
@@ -443,6 +465,8 @@ static void flush_retired(struct seqgpu *g, cudaStream_t st)
 	for (size_t i = 0; i < g->nret; i++) {
 		dfree(g->ret[i]->mem, st);
 		bytes_sub(g, g->ret[i]->bytes);
+		if (g->ret[i]->g.sched)
+			__atomic_fetch_sub(&g->nsched, 1, __ATOMIC_RELAXED);
 		free(g->ret[i]);
 	}
 	g->nret = 0;
@@ -508,6 +532,12 @@ uint64_t seqgpu_bytes(const struct seqgpu *g)
 uint64_t seqgpu_upload_failed(const struct seqgpu *g)
 {
 	return g ? __atomic_load_n(&g->upload_failed, __ATOMIC_RELAXED) : 0;
+}
+
+void seqgpu_order_counts(const struct seqgpu *g, uint64_t *ordered, uint64_t *unordered)
+{
+	*ordered = g ? __atomic_load_n(&g->ordered, __ATOMIC_RELAXED) : 0;
+	*unordered = g ? __atomic_load_n(&g->unordered, __ATOMIC_RELAXED) : 0;
 }
 
 int seqgpu_is_device_ptr(int dev, const void *p)
@@ -671,6 +701,32 @@ static void to_bf16(uint16_t *dst, const float *src, size_t n)
 static void keep_forget(struct dlayer *D, uint32_t H)
 {
 	memset(D->keep, 0, H * sizeof(*D->keep));
+}
+
+/* Every device copy of @layer in store order back in channel order, in
+ * place on @X: after every earlier attend (chain() orders X after the
+ * last one), before this one's kernels.  For good: the copies keep their
+ * order from here on. */
+static int unorder_layer(struct mkv_seq *s, struct seqgpu *g, uint32_t layer, cudaStream_t X)
+{
+	for (uint32_t h = 0; h < g->H; h++) {
+		struct lh *l = seq_lh(s, layer, h);
+		for (size_t i = 0; i <= l->nsegs; i++) {
+			struct sref r;
+			sref_of(l, i, &r);
+			struct dseg *x = *r.dev;
+			if (!x || !x->g.sched)
+				continue;
+			struct gpu_seg o;
+			int rc = gpu_seg_unschedule(&x->g, g->d, &o, X);
+			if (rc)
+				return rc;
+			x->g = o;
+			__atomic_fetch_sub(&g->nsched, 1, __ATOMIC_RELAXED);
+			__atomic_fetch_add(&g->unordered, 1, __ATOMIC_RELAXED);
+		}
+	}
+	return 0;
 }
 
 static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
@@ -885,6 +941,20 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		max_segs = ns > max_segs ? ns : max_segs;
 		max_blocks = nb > max_blocks ? nb : max_blocks;
 		max_segb = hmaxb > max_segb ? hmaxb : max_segb;
+	}
+	/* A step that cannot run the small layout reads every row by its
+	 * bitmap: copies in store order go back to channel order first, and
+	 * every view of them, kept or written now, says so (all columns are
+	 * uploaded again). */
+	if (!small && __atomic_load_n(&g->nsched, __ATOMIC_RELAXED)) {
+		if ((rc = unorder_layer(s, g, layer, X)))
+			goto fail;
+		for (uint32_t h = 0; h < H; h++) {
+			struct gpu_seg *sv = (struct gpu_seg *)(D->stage + off_segs + h * vrow);
+			for (uint32_t j = 0; j < hh[h].nseg; j++)
+				sv[j].sched = 0;
+		}
+		col0 = 0;
 	}
 	/* Window rows [a, n) of every head, K then V. */
 	if (w && wp.m) {
@@ -1172,6 +1242,13 @@ uint64_t seqgpu_upload_failed(const struct seqgpu *g)
 {
 	(void)g;
 	return 0;
+}
+
+void seqgpu_order_counts(const struct seqgpu *g, uint64_t *ordered, uint64_t *unordered)
+{
+	(void)g;
+	*ordered = 0;
+	*unordered = 0;
 }
 
 int seqgpu_is_device_ptr(int dev, const void *p)

@@ -1947,6 +1947,7 @@ int mkv_seq_get_stats(struct mkv_seq *s, struct mkv_seq_stats *out)
 	st->on_device = s->gpu != NULL;
 	st->device_bytes = seqgpu_bytes(s->gpu);
 	st->device_upload_failed = seqgpu_upload_failed(s->gpu);
+	seqgpu_order_counts(s->gpu, &st->device_ordered, &st->device_unordered);
 	st->size = size;
 	memcpy(out, st, size);
 	return 0;

@@ -173,7 +173,12 @@ struct mkv_seq_opts {
 	                          * a scatter instead of ranking every
 	                          * channel: 7-16 % less decode time at
 	                          * 32K-1M tokens on the H200 (docs/PERF.md).
-	                          * Other formats keep bitmaps alone.
+	                          * Other formats keep bitmaps alone.  A
+	                          * final segment's copy with 16-token
+	                          * blocks and at most 3 d / 4 kept channels
+	                          * (drop) also has each block's values put
+	                          * in the GPU's store order when it is
+	                          * uploaded (mkv_seq_stats.device_ordered).
 	                          * 0 (default): bitmaps alone.  Results are
 	                          * the same */
 	/* Version 6 (earlier versions get 16). */
@@ -383,6 +388,20 @@ struct mkv_seq_stats {
 	uint64_t offload_failed;    /* of those, failed (the segment stayed) */
 	uint64_t prefetch_blocks;   /* blocks mkv_seq_prefetch asked for */
 	uint64_t prefetch_failed;   /* prefetch requests that failed */
+	/* Version 3. */
+	uint64_t device_ordered;    /* final segments whose device copy holds
+	                             * each block's values in the order the
+	                             * GPU stores them (device_positions, bf16
+	                             * values, r <= 32, g 1, b 16, drop: 3 d /
+	                             * 4 kept channels): the same output, 2-7 %
+	                             * less attention time on the H100
+	                             * (docs/PERF.md) */
+	uint64_t device_unordered;  /* of those, put back in channel order
+	                             * (once, on the attend's stream) because
+	                             * an attend of their layer met a segment
+	                             * in a format the positions' layout does
+	                             * not take (adaptive strategies with r >
+	                             * 32, say) */
 };
 
 /* Fill *@st (st->size set by the caller: this version's size or an

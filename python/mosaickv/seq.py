@@ -55,7 +55,8 @@ class SeqStats(C.Structure):
                 ("on_device", C.c_uint32), ("device_bytes", C.c_uint64),
                 ("device_upload_failed", C.c_uint64), ("device_attends", C.c_uint64),
                 ("offload_moves", C.c_uint64), ("offload_failed", C.c_uint64),
-                ("prefetch_blocks", C.c_uint64), ("prefetch_failed", C.c_uint64)]
+                ("prefetch_blocks", C.c_uint64), ("prefetch_failed", C.c_uint64),
+                ("device_ordered", C.c_uint64), ("device_unordered", C.c_uint64)]
 
 
 P, I, SZ, U32 = C.c_void_p, C.c_int, C.c_size_t, C.c_uint32

@@ -512,6 +512,10 @@ Test(gpu_seq, positions_same_output, .timeout = 300)
 		  "device bytes %llu with positions, %llu without: want %llu more",
 		  (unsigned long long)sb.device_bytes, (unsigned long long)sa.device_bytes,
 		  (unsigned long long)want);
+	/* and those, in this format, hold their values in store order */
+	cr_assert(sb.device_ordered >= (uint64_t)4 * L * H && sa.device_ordered == 0,
+		  "segments in store order: %llu with positions, %llu without",
+		  (unsigned long long)sb.device_ordered, (unsigned long long)sa.device_ordered);
 	cudaStream_t X;
 	GU_CK(cudaStreamCreateWithFlags(&X, cudaStreamNonBlocking));
 	size_t qn = (size_t)H * G * d;
@@ -526,6 +530,125 @@ Test(gpu_seq, positions_same_output, .timeout = 300)
 			  (unsigned long long)seed, l, e);
 	}
 	GU_CK(cudaStreamDestroy(X));
+	cr_assert_eq(mkv_seq_get_stats(b, &sb), 0);
+	cr_assert_eq(sb.device_unordered, 0, "every step ran the small layout");
+	free(q);
+	free(oa);
+	free(ob);
+	cr_assert_eq(mkv_seq_close(a), 0);
+	cr_assert_eq(mkv_seq_close(b), 0);
+	mkv_store_destroy(st);
+	data_free(&t);
+}
+
+/* @n rows of bf16 vectors (d channels) of rank @k plus noise 0.05, the
+ * factors an AR(1) of coefficient @ar in time: at d 128 the strategy
+ * generator (drop, loss 0.3, variance 0.5) takes r 19-20, g 1, b 16 for
+ * k 64, ar 0.9, and r 38-39, b 8 for k 128, ar 0 (checked on 12 seeds
+ * with mkv_strategy_choose on 512 rows). */
+static void fill_rank(struct gu_rng *g, uint16_t *out, size_t n, uint32_t d, uint32_t k,
+		      double ar)
+{
+	float *B = malloc(sizeof(float) * k * d);
+	double *c = malloc(sizeof(double) * k);
+	cr_assert(B && c);
+	for (size_t i = 0; i < (size_t)k * d; i++)
+		B[i] = (float)gu_normal(g);
+	for (uint32_t i = 0; i < k; i++)
+		c[i] = gu_normal(g);
+	for (size_t t = 0; t < n; t++) {
+		for (uint32_t i = 0; i < k; i++)
+			c[i] = ar * c[i] + sqrt(1 - ar * ar) * gu_normal(g);
+		for (uint32_t j = 0; j < d; j++) {
+			double v = 0.05 * gu_normal(g);
+			for (uint32_t i = 0; i < k; i++)
+				v += c[i] * B[(size_t)i * d + j];
+			out[t * d + j] = gu_bf16((float)(v / sqrt(k)));
+		}
+	}
+	free(B);
+	free(c);
+}
+
+/* Copies in store order meet a step the small layout cannot run:
+ * adaptive strategies, the first 512-token segment of every head in the
+ * positions' format (r <= 32, b 16: put in store order at upload), the
+ * second not (r > 32: no positions, rows too wide for the small layout).
+ * The first attend of each layer puts its copies back in channel order
+ * (device_unordered) and every attend, before and after appends, gives
+ * what the same sequence without positions gives, never NaN. */
+Test(gpu_seq, store_order_undone, .timeout = 300)
+{
+	GU_NEED_GPU();
+	uint64_t seed = gu_seed();
+	struct gu_rng g;
+	gu_rng_init(&g, seed);
+	struct data t;
+	const uint32_t L = 2, H = 2, G = 4, d = 128, n0 = 1100, steps = 8;
+	data_make(&t, &g, L, H, G, d, n0 + steps);
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t h = 0; h < H; h++) {
+			fill_rank(&g, t.kb + at(&t, l, h, 0), 512, d, 64, 0.9);
+			fill_rank(&g, t.vb + at(&t, l, h, 0), 512, d, 64, 0.9);
+			fill_rank(&g, t.kb + at(&t, l, h, 512), t.N - 512, d, 128, 0.0);
+			fill_rank(&g, t.vb + at(&t, l, h, 512), t.N - 512, d, 128, 0.0);
+		}
+	for (size_t i = 0; i < (size_t)L * H * t.N * d; i++) {
+		t.kf[i] = gu_f32(t.kb[i]);
+		t.vf[i] = gu_f32(t.vb[i]);
+	}
+	struct mkv_store *st = gpu_store();
+	struct mkv_seq_opts o;
+	small_opts(&o, L);
+	o.prefill_segment = 512;
+	o.value_bits = 0;
+	o.adaptive = 1;
+	o.drop = 1;
+	o.token_frac = 0.2;
+	struct mkv_seq *a, *b;
+	cr_assert_eq(mkv_seq_open(st, &o, 1, &a), 0);
+	o.device_positions = 1;
+	cr_assert_eq(mkv_seq_open(st, &o, 2, &b), 0);
+	prefill(a, &t, n0, 0);
+	prefill(b, &t, n0, 0);
+	struct mkv_seq_stats sb = {.size = sizeof sb};
+	cr_assert_eq(mkv_seq_get_stats(b, &sb), 0);
+	cr_assert(sb.on_device);
+	cr_assert(sb.device_ordered >= 1 && sb.device_unordered == 0,
+		  "seed %llu: %llu copies in store order, %llu put back before any attend",
+		  (unsigned long long)seed, (unsigned long long)sb.device_ordered,
+		  (unsigned long long)sb.device_unordered);
+	cudaStream_t X;
+	GU_CK(cudaStreamCreateWithFlags(&X, cudaStreamNonBlocking));
+	size_t qn = (size_t)H * G * d;
+	float *q = malloc(4 * qn), *oa = malloc(4 * qn), *ob = malloc(4 * qn);
+	cr_assert(q && oa && ob);
+	for (int round = 0; round < 2; round++) {
+		if (round)
+			for (uint32_t i = n0; i < n0 + steps; i++) {
+				append(a, &t, i);
+				append(b, &t, i);
+			}
+		for (uint32_t l = 0; l < L; l++) {
+			for (size_t j = 0; j < qn; j++)
+				q[j] = (float)(0.5 * gu_normal(&g));
+			cr_assert_eq(mkv_seq_attend(a, l, q, oa, X), 0);
+			cr_assert_eq(mkv_seq_attend(b, l, q, ob, X), 0);
+			for (size_t j = 0; j < qn; j++)
+				cr_assert(isfinite(ob[j]), "seed %llu round %d layer %u: output %zu is %g",
+					  (unsigned long long)seed, round, l, j, ob[j]);
+			double e = gu_rel_err(ob, oa, qn);
+			cr_assert(e <= 1e-6, "seed %llu round %d layer %u: with positions vs without: %g",
+				  (unsigned long long)seed, round, l, e);
+		}
+	}
+	GU_CK(cudaStreamDestroy(X));
+	uint64_t made = sb.device_ordered;
+	cr_assert_eq(mkv_seq_get_stats(b, &sb), 0);
+	cr_assert(sb.device_unordered >= made && sb.device_unordered == sb.device_ordered,
+		  "seed %llu: %llu in store order, %llu put back (%llu before the attends)",
+		  (unsigned long long)seed, (unsigned long long)sb.device_ordered,
+		  (unsigned long long)sb.device_unordered, (unsigned long long)made);
 	free(q);
 	free(oa);
 	free(ob);
