@@ -113,6 +113,9 @@ void *gu_upload(const void *h, size_t bytes)
 {
 	void *p = gu_dev(bytes);
 	GU_CK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
+	/* From pageable memory cudaMemcpy may return before the DMA lands,
+	 * and work on a non-blocking stream is not ordered after it */
+	GU_CK(cudaDeviceSynchronize());
 	return p;
 }
 

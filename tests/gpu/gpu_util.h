@@ -47,6 +47,8 @@ void gu_fill_kv(struct gu_rng *g, uint16_t *out, size_t n, uint32_t d);
 
 /* A device allocation (cudaMalloc) of @bytes, asserted. */
 void *gu_dev(size_t bytes);
+/* A device copy of @bytes at @h, landed on return (any stream may read
+ * it). */
 void *gu_upload(const void *h, size_t bytes);
 
 /* One packed context (a KV head): nseg segment pairs plus a window. */

@@ -252,8 +252,13 @@ static void run(const struct cfg *c)
 			} while (sw1 != sw0 && ++tries < 20);
 			cr_assert_eq(sw1, sw0, "swaps never stopped");
 			/* The same through device pointers. */
-			GU_CK(cudaMemcpy(dq, q, 4 * qn, cudaMemcpyHostToDevice));
-			GU_CK(cudaMemset(dout, 0xff, 4 * qn));
+			/* On X: a cudaMemcpy from pageable memory may return
+			 * before its DMA lands, and neither it nor cudaMemset
+			 * orders a non-blocking stream (the attend then read
+			 * the last step's query: one run in many, "attend_dev vs
+			 * attend 0.68", fiftieth session) */
+			GU_CK(cudaMemcpyAsync(dq, q, 4 * qn, cudaMemcpyHostToDevice, X));
+			GU_CK(cudaMemsetAsync(dout, 0xff, 4 * qn, X));
 			rc = mkv_seq_attend_dev(s, l, dq, dout, X);
 			cr_assert_eq(rc, 0, "attend_dev: %s", mkv_strerror(rc));
 			GU_CK(cudaStreamSynchronize(X));
