@@ -123,9 +123,11 @@ struct gpu_seg {
 #define GPU_POS_STRIDE(r) (((uint32_t)(r) + 15u) & ~15u)
 
 /*
- * The store schedule of one block (gpu_seg_schedule; the host and the
- * device run this same code, and tests check it against its own
- * properties, not against itself).  The positions' path stores a
+ * The store schedule of one block: the rule gpu_seg_schedule's kernel
+ * computes a warp at a time (gpu/layout.cu, k_seg_schedule; the test
+ * seg_schedule_matches_host holds its bytes equal to this function's),
+ * written here serially for the host and the tests, which check it
+ * against its own properties.  The positions' path stores a
  * sub-block's values with lane t < 16 on K row t and lane 16 + t on V row
  * t, one value a lane a store instruction, into tiles of rows of @ld
  * halves (the V tile 16 rows after the K tile's start); value j of a row

@@ -82,49 +82,165 @@ int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r, 
 	return gpu_errno(cudaGetLastError());
 }
 
-/* One thread a 16-token block: its schedule (gpu_sched_block), then each
- * row read whole before it is written back permuted, so that the arrays
- * may be the ones they replace. */
-__global__ void k_seg_schedule(const uint16_t *kv_in, const uint16_t *vv_in,
-			       const uint8_t *kp_in, const uint8_t *vp_in, uint16_t *kv_out,
-			       uint16_t *vv_out, uint8_t *kp_out, uint8_t *vp_out, uint32_t n,
-			       uint32_t krs, uint32_t vrs, uint32_t kps, uint32_t vps, uint32_t sk,
-			       uint32_t sv, uint32_t ld)
+/*
+ * One warp a 16-token block, lane l the store lane of gpu_sched_block
+ * (lane t < 16: K row t; 16 + t: V row t), computing the very schedule
+ * that function computes (the test compares the bytes with the host's),
+ * so that a block takes microseconds, not the ~2 ms one thread's serial
+ * search took (one segment's upload waits for its slowest block).  What
+ * is serial in the rule stays so, with its values uniform across the warp:
+ * the augmenting paths (each step's matching: lanes' bank masks by
+ * shuffle, the bank owners one a lane, the path's stack in shared
+ * memory) and the left-out lanes in lane order (each one's least loaded
+ * bank by a warp-wide minimum of (load, slot)).  Each lane then permutes
+ * its own row, read whole before it is written, so that the arrays may
+ * be the ones they replace.
+ */
+#define SCHED_WARPS 4
+struct sched_warp {
+	uint8_t first[32][32]; /* lane, bank: the lowest slot left there */
+	uint8_t nxt[32][GPU_SCHED_SLOTS]; /* lane, slot: the next slot in its bank */
+	uint8_t ord[32][GPU_SCHED_SLOTS]; /* lane, step: the slot it stores */
+	uint8_t stl[33], stb[33];         /* the path: lanes, and banks taken */
+	int8_t pick[32];
+	uint8_t pb[32];
+};
+
+__global__ void __launch_bounds__(32 * SCHED_WARPS)
+	k_seg_schedule(const uint16_t *kv_in, const uint16_t *vv_in, const uint8_t *kp_in,
+		       const uint8_t *vp_in, uint16_t *kv_out, uint16_t *vv_out,
+		       uint8_t *kp_out, uint8_t *vp_out, uint32_t n, uint32_t krs, uint32_t vrs,
+		       uint32_t kps, uint32_t vps, uint32_t sk, uint32_t sv, uint32_t ld)
 {
-	uint32_t blk = blockIdx.x * blockDim.x + threadIdx.x;
+	__shared__ struct sched_warp W[SCHED_WARPS];
+	const uint32_t lane = threadIdx.x & 31u, wi = threadIdx.x >> 5;
+	const uint32_t blk = blockIdx.x * SCHED_WARPS + wi;
 	if (blk >= (n + 15) / 16)
-		return;
-	uint32_t t0 = 16 * blk, nt = min(16u, n - t0);
-	uint8_t ord[32 * GPU_SCHED_SLOTS];
-	gpu_sched_block(kp_in + (size_t)t0 * kps, kps, vp_in + (size_t)t0 * vps, vps, nt, sk, sv,
-			ld, ord);
-	for (uint32_t l = 0; l < 32; l++) {
-		uint32_t t = l & 15u, kv = l >> 4, S = kv ? sv : sk;
-		if (t >= nt)
-			continue;
-		size_t row = (size_t)t0 + t;
-		const uint16_t *vi = (kv ? vv_in + row * vrs : kv_in + row * krs);
-		const uint8_t *pi = (kv ? vp_in + row * vps : kp_in + row * kps);
-		uint16_t *vo = (kv ? vv_out + row * vrs : kv_out + row * krs);
-		uint8_t *po = (kv ? vp_out + row * vps : kp_out + row * kps);
-		uint16_t val[GPU_SCHED_SLOTS];
-		uint8_t pos[GPU_SCHED_SLOTS];
-		for (uint32_t i = 0; i < S; i++) {
-			val[i] = vi[i];
-			pos[i] = pi[i];
-		}
-		for (uint32_t j = 0; j < S; j++) {
-			uint32_t i = ord[l * GPU_SCHED_SLOTS + j];
-			vo[j] = val[i];
-			po[j] = pos[i];
-		}
-		if (vo != vi) /* the bytes past the slots, as they were */
-			for (uint32_t i = S; i < (kv ? vrs : krs); i++)
-				vo[i] = vi[i];
-		if (po != pi)
-			for (uint32_t i = S; i < (kv ? vps : kps); i++)
-				po[i] = pi[i];
+		return; /* a whole warp: no barrier below is CTA-wide */
+	struct sched_warp &w = W[wi];
+	const uint32_t t0 = 16 * blk, nt = min(16u, n - t0), t = lane & 15u;
+	const uint8_t *kp = kp_in + (size_t)t0 * kps, *vp = vp_in + (size_t)t0 * vps;
+	/* this lane's banks with slots left (lm), as gpu_sched_block builds them */
+	const uint32_t ns = t < nt ? (lane < 16 ? sk : sv) : 0u;
+	uint32_t lm = 0u;
+	for (uint32_t i = ns; i-- > 0;) {
+		uint32_t b = gpu_sched_bank(kp, kps, vp, vps, ld, lane, i);
+		w.nxt[lane][i] = lm >> b & 1u ? w.first[lane][b] : 0xffu;
+		w.first[lane][b] = (uint8_t)i;
+		lm |= 1u << b;
 	}
+	__syncwarp();
+	const uint32_t steps = sk > sv ? sk : sv;
+	for (uint32_t step = 0; step < steps; step++) {
+		int own = -1; /* the lane that owns bank `lane` at this step */
+		w.pick[lane] = -1;
+		uint32_t dead = 0u, owned = 0u;
+		for (uint32_t root = 0; root < 32; root++) {
+			if (!__shfl_sync(0xffffffffu, lm, root))
+				continue;
+			uint32_t seen = dead;
+			int dep = 0;
+			uint32_t l = root;
+			if (lane == 0)
+				w.stl[0] = (uint8_t)root;
+			dead = 0u;
+			while (dep >= 0) {
+				uint32_t cand = __shfl_sync(0xffffffffu, lm, l) & ~seen;
+				if (!cand) {
+					if (--dep >= 0) {
+						__syncwarp();
+						l = w.stl[dep];
+					}
+					continue;
+				}
+				uint32_t fr = cand & ~owned;
+				uint32_t b = (uint32_t)__ffs((int)(fr ? fr : cand)) - 1u;
+				seen |= 1u << b;
+				int o = __shfl_sync(0xffffffffu, own, b);
+				if (o < 0) {
+					/* the path's banks change hands: bank b to l,
+					 * each earlier bank to the lane before it */
+					if (lane == b)
+						own = (int)l;
+					owned |= 1u << b;
+					__syncwarp();
+					for (int e = 0; e < dep; e++)
+						if (lane == w.stb[e])
+							own = w.stl[e];
+					break;
+				}
+				__syncwarp(); /* every lane has read the entries it replaces */
+				if (lane == 0) {
+					w.stb[dep] = (uint8_t)b;
+					w.stl[dep + 1] = (uint8_t)o;
+				}
+				dep++;
+				l = (uint32_t)o;
+			}
+			if (dep < 0)
+				dead = seen;
+			__syncwarp();
+		}
+		/* the matched lanes' picks, from their banks' owners */
+		if (own >= 0) {
+			w.pick[own] = (int8_t)w.first[own][lane];
+			w.pb[own] = (uint8_t)lane;
+		}
+		uint32_t load = own >= 0 ? 1u : 0u; /* of bank `lane` */
+		__syncwarp();
+		int pick = w.pick[lane];
+		uint32_t pb = w.pb[lane];
+		/* the lanes left out, in lane order: the least loaded bank, the
+		 * lowest slot among equals */
+		uint32_t left = __ballot_sync(0xffffffffu, lm && pick < 0);
+		for (; left; left &= left - 1u) {
+			uint32_t l = (uint32_t)__ffs((int)left) - 1u;
+			uint32_t m = __shfl_sync(0xffffffffu, lm, l);
+			uint32_t key = m >> lane & 1u ? load << 8 | w.first[l][lane] : 0xffffffffu;
+			uint32_t k = __reduce_min_sync(0xffffffffu, key);
+			uint32_t bb = (uint32_t)__ffs((int)__ballot_sync(0xffffffffu, key == k)) - 1u;
+			if (lane == bb)
+				load++;
+			if (lane == l) {
+				pick = (int)(k & 0xffu);
+				pb = bb;
+			}
+		}
+		if (pick >= 0) {
+			uint32_t i = (uint32_t)pick;
+			w.ord[lane][step] = (uint8_t)i;
+			if (w.nxt[lane][i] == 0xffu)
+				lm &= ~(1u << pb);
+			else
+				w.first[lane][pb] = w.nxt[lane][i];
+		}
+		__syncwarp();
+	}
+	if (t >= nt)
+		return;
+	const uint32_t kv = lane >> 4, S = kv ? sv : sk;
+	const size_t row = (size_t)t0 + t;
+	const uint16_t *vi = (kv ? vv_in + row * vrs : kv_in + row * krs);
+	const uint8_t *pi = (kv ? vp_in + row * vps : kp_in + row * kps);
+	uint16_t *vo = (kv ? vv_out + row * vrs : kv_out + row * krs);
+	uint8_t *po = (kv ? vp_out + row * vps : kp_out + row * kps);
+	uint16_t val[GPU_SCHED_SLOTS];
+	uint8_t pos[GPU_SCHED_SLOTS];
+	for (uint32_t i = 0; i < S; i++) {
+		val[i] = vi[i];
+		pos[i] = pi[i];
+	}
+	for (uint32_t j = 0; j < S; j++) {
+		uint32_t i = w.ord[lane][j];
+		vo[j] = val[i];
+		po[j] = pos[i];
+	}
+	if (vo != vi) /* the bytes past the slots, as they were */
+		for (uint32_t i = S; i < (kv ? vrs : krs); i++)
+			vo[i] = vi[i];
+	if (po != pi)
+		for (uint32_t i = S; i < (kv ? vps : kps); i++)
+			po[i] = pi[i];
 }
 
 /* [a, a + na) and [b, b + nb) share a byte but do not start together */
@@ -181,18 +297,10 @@ int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint
 		}
 	}
 	const uint32_t ld = 16u * (3u * d / 64u) + 8u, nb = (g.n + 15) / 16;
-	/* A thread's block is a serial search over ~3 KB of its own arrays
-	 * (local memory): L1 all the way (no shared memory wanted) and CTAs
-	 * of one warp, so that a segment's blocks spread over more SMs and
-	 * their arrays stay in L1, since its latency bounds a segment */
-	int rc = gpu_errno(cudaFuncSetAttribute(
-		k_seg_schedule, cudaFuncAttributePreferredSharedMemoryCarveout, 0));
-	if (rc)
-		return rc;
-	k_seg_schedule<<<(nb + 31) / 32, 32, 0, s>>>(g.k_val, g.v_val, g.k_pos, g.v_pos, k_val,
+	k_seg_schedule<<<(nb + SCHED_WARPS - 1) / SCHED_WARPS, 32 * SCHED_WARPS, 0, s>>>(g.k_val, g.v_val, g.k_pos, g.v_pos, k_val,
 						      v_val, k_pos, v_pos, g.n, g.k_rs, g.v_rs,
 						      kps, vps, sk, sv, ld);
-	rc = gpu_errno(cudaGetLastError());
+	int rc = gpu_errno(cudaGetLastError());
 	if (rc)
 		return rc;
 	struct gpu_seg o = g;
