@@ -549,17 +549,24 @@ static void sched_slabs(struct slabs *s)
 	CK(cudaEventElapsedTime(&ms, e0, e1));
 	/* one segment alone, as a sequence's upload schedules it: the same
 	 * input, so the same bytes again (its latency, not the throughput) */
-	float ms1 = 0;
+	float ms1 = 0, msw = 0;
 	g.n = s->seglen;
 	g.n_blocks = s->seglen / BB;
+	/* a warp a block first (gpu_seg_schedule_warp), then a thread a
+	 * block, whose bytes the runs read */
+	CK(cudaEventRecord(e0, st));
+	RC(gpu_seg_schedule_warp(&g, D, s->kvs, s->vvs, s->kps, s->vps, &o, st));
+	CK(cudaEventRecord(e1, st));
+	CK(cudaStreamSynchronize(st));
+	CK(cudaEventElapsedTime(&msw, e0, e1));
 	CK(cudaEventRecord(e0, st));
 	RC(gpu_seg_schedule(&g, D, s->kvs, s->vvs, s->kps, s->vps, &o, st));
 	CK(cudaEventRecord(e1, st));
 	CK(cudaStreamSynchronize(st));
 	CK(cudaEventElapsedTime(&ms1, e0, e1));
 	printf("pos_sch: %zu tokens scheduled in %.1f ms (gpu_seg_schedule, once); one segment of "
-	       "%u tokens alone in %.2f ms\n",
-	       N, (double)ms, s->seglen, (double)ms1);
+	       "%u tokens alone in %.2f ms, %.3f ms a warp a block\n",
+	       N, (double)ms, s->seglen, (double)ms1, (double)msw);
 	CK(cudaEventDestroy(e0));
 	CK(cudaEventDestroy(e1));
 }

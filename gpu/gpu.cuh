@@ -123,11 +123,11 @@ struct gpu_seg {
 #define GPU_POS_STRIDE(r) (((uint32_t)(r) + 15u) & ~15u)
 
 /*
- * The store schedule of one block: the rule gpu_seg_schedule's kernel
- * computes a warp at a time (gpu/layout.cu, k_seg_schedule; the test
- * seg_schedule_matches_host holds its bytes equal to this function's),
- * written here serially for the host and the tests, which check it
- * against its own properties.  The positions' path stores a
+ * The store schedule of one block (gpu_seg_schedule runs this function a
+ * thread a block; gpu_seg_schedule_warp computes the same rule a warp a
+ * block, and the test seg_schedule_matches_host holds both to this
+ * function's bytes; tests check this function against its own
+ * properties, not against itself).  The positions' path stores a
  * sub-block's values with lane t < 16 on K row t and lane 16 + t on V row
  * t, one value a lane a store instruction, into tiles of rows of @ld
  * halves (the V tile 16 rows after the K tile's start); value j of a row
@@ -664,6 +664,16 @@ static inline GPU_HD void gpu_unsched_row(uint16_t *val, uint8_t *pos, uint32_t 
 GPU_HIDDEN int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val,
 				uint16_t *v_val, uint8_t *k_pos, uint8_t *v_pos,
 				struct gpu_seg *out, cudaStream_t s);
+/*
+ * gpu_seg_schedule with the same arguments, results and errors, its
+ * blocks computed a warp each (gpu/layout.cu, k_seg_schedule_warp) where
+ * gpu_seg_schedule gives each a thread, whose serial rule takes ~2 ms a
+ * block: the latency of a segment's schedule at upload.  Not yet the
+ * default: its device test has not run (gpu/NOTES.md, fiftieth session).
+ */
+GPU_HIDDEN int gpu_seg_schedule_warp(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val,
+				     uint16_t *v_val, uint8_t *k_pos, uint8_t *v_pos,
+				     struct gpu_seg *out, cudaStream_t s);
 /* 1 if gpu_seg_schedule takes segment @sg (a host copy) at head dimension
  * @d, else 0 (NULL included): the format test alone, not the arrays'
  * alignment. */

@@ -82,6 +82,51 @@ int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r, 
 	return gpu_errno(cudaGetLastError());
 }
 
+/* One thread a 16-token block: its schedule (gpu_sched_block), then each
+ * row read whole before it is written back permuted, so that the arrays
+ * may be the ones they replace. */
+__global__ void k_seg_schedule(const uint16_t *kv_in, const uint16_t *vv_in,
+			       const uint8_t *kp_in, const uint8_t *vp_in, uint16_t *kv_out,
+			       uint16_t *vv_out, uint8_t *kp_out, uint8_t *vp_out, uint32_t n,
+			       uint32_t krs, uint32_t vrs, uint32_t kps, uint32_t vps, uint32_t sk,
+			       uint32_t sv, uint32_t ld)
+{
+	uint32_t blk = blockIdx.x * blockDim.x + threadIdx.x;
+	if (blk >= (n + 15) / 16)
+		return;
+	uint32_t t0 = 16 * blk, nt = min(16u, n - t0);
+	uint8_t ord[32 * GPU_SCHED_SLOTS];
+	gpu_sched_block(kp_in + (size_t)t0 * kps, kps, vp_in + (size_t)t0 * vps, vps, nt, sk, sv,
+			ld, ord);
+	for (uint32_t l = 0; l < 32; l++) {
+		uint32_t t = l & 15u, kv = l >> 4, S = kv ? sv : sk;
+		if (t >= nt)
+			continue;
+		size_t row = (size_t)t0 + t;
+		const uint16_t *vi = (kv ? vv_in + row * vrs : kv_in + row * krs);
+		const uint8_t *pi = (kv ? vp_in + row * vps : kp_in + row * kps);
+		uint16_t *vo = (kv ? vv_out + row * vrs : kv_out + row * krs);
+		uint8_t *po = (kv ? vp_out + row * vps : kp_out + row * kps);
+		uint16_t val[GPU_SCHED_SLOTS];
+		uint8_t pos[GPU_SCHED_SLOTS];
+		for (uint32_t i = 0; i < S; i++) {
+			val[i] = vi[i];
+			pos[i] = pi[i];
+		}
+		for (uint32_t j = 0; j < S; j++) {
+			uint32_t i = ord[l * GPU_SCHED_SLOTS + j];
+			vo[j] = val[i];
+			po[j] = pos[i];
+		}
+		if (vo != vi) /* the bytes past the slots, as they were */
+			for (uint32_t i = S; i < (kv ? vrs : krs); i++)
+				vo[i] = vi[i];
+		if (po != pi)
+			for (uint32_t i = S; i < (kv ? vps : kps); i++)
+				po[i] = pi[i];
+	}
+}
+
 /*
  * One warp a 16-token block, lane l the store lane of gpu_sched_block
  * (lane t < 16: K row t; 16 + t: V row t), computing the very schedule
@@ -107,7 +152,7 @@ struct sched_warp {
 };
 
 __global__ void __launch_bounds__(32 * SCHED_WARPS)
-	k_seg_schedule(const uint16_t *kv_in, const uint16_t *vv_in, const uint8_t *kp_in,
+	k_seg_schedule_warp(const uint16_t *kv_in, const uint16_t *vv_in, const uint8_t *kp_in,
 		       const uint8_t *vp_in, uint16_t *kv_out, uint16_t *vv_out,
 		       uint8_t *kp_out, uint8_t *vp_out, uint32_t n, uint32_t krs, uint32_t vrs,
 		       uint32_t kps, uint32_t vps, uint32_t sk, uint32_t sv, uint32_t ld)
@@ -269,8 +314,9 @@ int gpu_seg_schedulable(const struct gpu_seg *sg, uint32_t d)
 	return sg && sched_seg_ok(*sg, d);
 }
 
-int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint16_t *v_val,
-		     uint8_t *k_pos, uint8_t *v_pos, struct gpu_seg *out, cudaStream_t s)
+static int seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint16_t *v_val,
+			uint8_t *k_pos, uint8_t *v_pos, struct gpu_seg *out, cudaStream_t s,
+			bool warp)
 {
 	if (!sg || !out || !k_val || !v_val || !k_pos || !v_pos || !sched_seg_ok(*sg, d))
 		return -EINVAL;
@@ -297,10 +343,23 @@ int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint
 		}
 	}
 	const uint32_t ld = 16u * (3u * d / 64u) + 8u, nb = (g.n + 15) / 16;
-	k_seg_schedule<<<(nb + SCHED_WARPS - 1) / SCHED_WARPS, 32 * SCHED_WARPS, 0, s>>>(g.k_val, g.v_val, g.k_pos, g.v_pos, k_val,
-						      v_val, k_pos, v_pos, g.n, g.k_rs, g.v_rs,
-						      kps, vps, sk, sv, ld);
-	int rc = gpu_errno(cudaGetLastError());
+	int rc;
+	if (warp) {
+		k_seg_schedule_warp<<<(nb + SCHED_WARPS - 1) / SCHED_WARPS, 32 * SCHED_WARPS, 0,
+				      s>>>(g.k_val, g.v_val, g.k_pos, g.v_pos, k_val, v_val, k_pos,
+					   v_pos, g.n, g.k_rs, g.v_rs, kps, vps, sk, sv, ld);
+	} else {
+		/* A thread's block is a serial search over ~3 KB of its own
+		 * arrays (local memory): L1 all the way and CTAs of one warp,
+		 * so that a segment's blocks spread over more SMs */
+		if ((rc = gpu_errno(cudaFuncSetAttribute(
+			     k_seg_schedule, cudaFuncAttributePreferredSharedMemoryCarveout, 0))))
+			return rc;
+		k_seg_schedule<<<(nb + 31) / 32, 32, 0, s>>>(g.k_val, g.v_val, g.k_pos, g.v_pos,
+							      k_val, v_val, k_pos, v_pos, g.n,
+							      g.k_rs, g.v_rs, kps, vps, sk, sv, ld);
+	}
+	rc = gpu_errno(cudaGetLastError());
 	if (rc)
 		return rc;
 	struct gpu_seg o = g;
@@ -311,6 +370,19 @@ int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint
 	o.sched = ld;
 	*out = o;
 	return 0;
+}
+
+int gpu_seg_schedule(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val, uint16_t *v_val,
+		     uint8_t *k_pos, uint8_t *v_pos, struct gpu_seg *out, cudaStream_t s)
+{
+	return seg_schedule(sg, d, k_val, v_val, k_pos, v_pos, out, s, false);
+}
+
+int gpu_seg_schedule_warp(const struct gpu_seg *sg, uint32_t d, uint16_t *k_val,
+			  uint16_t *v_val, uint8_t *k_pos, uint8_t *v_pos, struct gpu_seg *out,
+			  cudaStream_t s)
+{
+	return seg_schedule(sg, d, k_val, v_val, k_pos, v_pos, out, s, true);
 }
 
 /* One thread a row: the K rows, then the V rows. */

@@ -955,9 +955,10 @@ Test(gpu, unsched_row_restores_host)
 }
 
 /*
- * gpu_seg_schedule against gpu_sched_block on the host: every block's rows
- * permuted as the host's order says, values and positions alike, the bytes
- * past the slots kept; into other arrays and in place; segments of every
+ * gpu_seg_schedule and gpu_seg_schedule_warp against gpu_sched_block on
+ * the host: every block's rows permuted as the host's order says, values
+ * and positions alike, the bytes past the slots kept; into other arrays
+ * and in place; segments of every
  * row shape above with a short last block.  Bad arguments: -EINVAL and
  * nothing written.
  */
@@ -1034,12 +1035,25 @@ Test(gpu, seg_schedule_matches_host)
 		uint8_t *okp = gu_dev(kpb), *ovp = gu_dev(vpb);
 		uint16_t *hv = malloc(kvb > vvb ? kvb : vvb);
 		uint8_t *hp = malloc(kpb > vpb ? kpb : vpb);
-		for (int inplace = 0; inplace < 2; inplace++) {
+		/* each entry (a thread a block, a warp a block) into other
+		 * arrays, then in place on fresh copies of the inputs */
+		for (int way = 0; way < 4; way++) {
+			const int inplace = way & 1;
+			int (*fn)(const struct gpu_seg *, uint32_t, uint16_t *, uint16_t *,
+				  uint8_t *, uint8_t *, struct gpu_seg *, cudaStream_t) =
+				way >> 1 ? gpu_seg_schedule_warp : gpu_seg_schedule;
 			struct gpu_seg o;
 			memset(&o, 0x5a, sizeof o);
-			int rc = inplace ? gpu_seg_schedule(&g, d, dkv, dvv, dkp, dvp, &o, 0)
-					 : gpu_seg_schedule(&g, d, okv, ovv, okp, ovp, &o, 0);
-			cr_assert_eq(rc, 0, "gpu_seg_schedule: %d", rc);
+			if (inplace) {
+				GU_CK(cudaMemcpy(dkv, kv, kvb, cudaMemcpyHostToDevice));
+				GU_CK(cudaMemcpy(dvv, vv, vvb, cudaMemcpyHostToDevice));
+				GU_CK(cudaMemcpy(dkp, kp, kpb, cudaMemcpyHostToDevice));
+				GU_CK(cudaMemcpy(dvp, vp, vpb, cudaMemcpyHostToDevice));
+				GU_CK(cudaDeviceSynchronize());
+			}
+			int rc = inplace ? fn(&g, d, dkv, dvv, dkp, dvp, &o, 0)
+					 : fn(&g, d, okv, ovv, okp, ovp, &o, 0);
+			cr_assert_eq(rc, 0, "gpu_seg_schedule%s: %d", way >> 1 ? "_warp" : "", rc);
 			GU_CK(cudaDeviceSynchronize());
 			cr_assert(o.sched == 16 * (3 * d / 64) + 8 && o.n == n && o.k_r == g.k_r &&
 				  o.k_val == (inplace ? dkv : okv) && o.v_pos == (inplace ? dvp : ovp));
@@ -1050,8 +1064,8 @@ Test(gpu, seg_schedule_matches_host)
 				void *h = a < 2 ? (void *)hv : (void *)hp;
 				GU_CK(cudaMemcpy(h, src[a], len[a], cudaMemcpyDeviceToHost));
 				cr_assert(memcmp(h, want[a], len[a]) == 0,
-					  "seed %llu format %zu in place %d: array %d differs",
-					  (unsigned long long)seed, v, inplace, a);
+					  "seed %llu format %zu in place %d warp %d: array %d differs",
+					  (unsigned long long)seed, v, inplace, way >> 1, a);
 			}
 		}
 		/* refused: nothing written (the out-of-place arrays poisoned) */
@@ -1060,6 +1074,8 @@ Test(gpu, seg_schedule_matches_host)
 		memset(&o, 0x5a, sizeof o);
 		struct gpu_seg o0 = o;
 		cr_assert_eq(gpu_seg_schedule(NULL, d, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_schedule_warp(&g, 96, okv, ovv, okp, ovp, &o, 0), -EINVAL);
+		cr_assert_eq(gpu_seg_schedule_warp(&g, d, okv, ovv, dvp, ovp, &o, 0), -EINVAL);
 		cr_assert_eq(gpu_seg_schedule(&g, 96, okv, ovv, okp, ovp, &o, 0), -EINVAL);
 		cr_assert_eq(gpu_seg_schedule(&g, d, okv, ovv, okp, ovp, NULL, 0), -EINVAL);
 		cr_assert_eq(gpu_seg_schedule(&g, d, okv + 4, ovv, okp, ovp, &o, 0), -EINVAL);
