@@ -474,6 +474,34 @@ static void small_opts(struct mkv_seq_opts *o, uint32_t layers)
 	o->window = 16;
 }
 
+/* Every layer of @a (no positions) and @b (device_positions) attended on
+ * the GPU with one fresh query a layer (H x G x d): @b's outputs finite
+ * and within 1e-6 of @a's. */
+static void attend_same(struct mkv_seq *a, struct mkv_seq *b, uint32_t L, size_t qn,
+			struct gu_rng *g, uint64_t seed, int round)
+{
+	cudaStream_t X;
+	GU_CK(cudaStreamCreateWithFlags(&X, cudaStreamNonBlocking));
+	float *q = malloc(4 * qn), *oa = malloc(4 * qn), *ob = malloc(4 * qn);
+	cr_assert(q && oa && ob);
+	for (uint32_t l = 0; l < L; l++) {
+		for (size_t j = 0; j < qn; j++)
+			q[j] = (float)(0.5 * gu_normal(g));
+		cr_assert_eq(mkv_seq_attend(a, l, q, oa, X), 0);
+		cr_assert_eq(mkv_seq_attend(b, l, q, ob, X), 0);
+		for (size_t j = 0; j < qn; j++)
+			cr_assert(isfinite(ob[j]), "seed %llu round %d layer %u: output %zu is %g",
+				  (unsigned long long)seed, round, l, j, ob[j]);
+		double e = gu_rel_err(ob, oa, qn);
+		cr_assert(e <= 1e-6, "seed %llu round %d layer %u: with positions vs without: %g",
+			  (unsigned long long)seed, round, l, e);
+	}
+	GU_CK(cudaStreamDestroy(X));
+	free(q);
+	free(oa);
+	free(ob);
+}
+
 /* Value positions (mkv_seq_opts.device_positions) on the bench's format
  * (bf16 r = 32 of d_keep 96): the GPU attends give what they give without
  * them (the scatter fills the very tiles the ranking fills), and the
@@ -521,25 +549,9 @@ Test(gpu_seq, positions_same_output, .timeout = 300)
 	cr_assert(sb.device_ordered >= (uint64_t)4 * L * H && sa.device_ordered == 0,
 		  "segments in store order: %llu with positions, %llu without",
 		  (unsigned long long)sb.device_ordered, (unsigned long long)sa.device_ordered);
-	cudaStream_t X;
-	GU_CK(cudaStreamCreateWithFlags(&X, cudaStreamNonBlocking));
-	size_t qn = (size_t)H * G * d;
-	float *q = malloc(4 * qn), *oa = malloc(4 * qn), *ob = malloc(4 * qn);
-	for (uint32_t l = 0; l < L; l++) {
-		for (size_t j = 0; j < qn; j++)
-			q[j] = (float)(0.5 * gu_normal(&g));
-		cr_assert_eq(mkv_seq_attend(a, l, q, oa, X), 0);
-		cr_assert_eq(mkv_seq_attend(b, l, q, ob, X), 0);
-		double e = gu_rel_err(ob, oa, qn);
-		cr_assert(e <= 1e-6, "seed %llu layer %u: with positions vs without: %g",
-			  (unsigned long long)seed, l, e);
-	}
-	GU_CK(cudaStreamDestroy(X));
+	attend_same(a, b, L, (size_t)H * G * d, &g, seed, 0);
 	cr_assert_eq(mkv_seq_get_stats(b, &sb), 0);
 	cr_assert_eq(sb.device_unordered, 0, "every step ran the small layout");
-	free(q);
-	free(oa);
-	free(ob);
 	cr_assert_eq(mkv_seq_close(a), 0);
 	cr_assert_eq(mkv_seq_close(b), 0);
 	mkv_store_destroy(st);
@@ -623,40 +635,20 @@ Test(gpu_seq, store_order_undone, .timeout = 300)
 		  "seed %llu: %llu copies in store order, %llu put back before any attend",
 		  (unsigned long long)seed, (unsigned long long)sb.device_ordered,
 		  (unsigned long long)sb.device_unordered);
-	cudaStream_t X;
-	GU_CK(cudaStreamCreateWithFlags(&X, cudaStreamNonBlocking));
-	size_t qn = (size_t)H * G * d;
-	float *q = malloc(4 * qn), *oa = malloc(4 * qn), *ob = malloc(4 * qn);
-	cr_assert(q && oa && ob);
 	for (int round = 0; round < 2; round++) {
 		if (round)
 			for (uint32_t i = n0; i < n0 + steps; i++) {
 				append(a, &t, i);
 				append(b, &t, i);
 			}
-		for (uint32_t l = 0; l < L; l++) {
-			for (size_t j = 0; j < qn; j++)
-				q[j] = (float)(0.5 * gu_normal(&g));
-			cr_assert_eq(mkv_seq_attend(a, l, q, oa, X), 0);
-			cr_assert_eq(mkv_seq_attend(b, l, q, ob, X), 0);
-			for (size_t j = 0; j < qn; j++)
-				cr_assert(isfinite(ob[j]), "seed %llu round %d layer %u: output %zu is %g",
-					  (unsigned long long)seed, round, l, j, ob[j]);
-			double e = gu_rel_err(ob, oa, qn);
-			cr_assert(e <= 1e-6, "seed %llu round %d layer %u: with positions vs without: %g",
-				  (unsigned long long)seed, round, l, e);
-		}
+		attend_same(a, b, L, (size_t)H * G * d, &g, seed, round);
 	}
-	GU_CK(cudaStreamDestroy(X));
 	uint64_t made = sb.device_ordered;
 	cr_assert_eq(mkv_seq_get_stats(b, &sb), 0);
 	cr_assert(sb.device_unordered >= made && sb.device_unordered == sb.device_ordered,
 		  "seed %llu: %llu in store order, %llu put back (%llu before the attends)",
 		  (unsigned long long)seed, (unsigned long long)sb.device_ordered,
 		  (unsigned long long)sb.device_unordered, (unsigned long long)made);
-	free(q);
-	free(oa);
-	free(ob);
 	cr_assert_eq(mkv_seq_close(a), 0);
 	cr_assert_eq(mkv_seq_close(b), 0);
 	mkv_store_destroy(st);
