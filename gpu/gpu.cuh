@@ -152,8 +152,9 @@ struct gpu_seg {
  * stores.
  */
 /* 32: the small layout's rows (r <= 32) are the only ones scheduled, and
- * the kernel's per-thread arrays scale with it (at 96 they took 7.8 KB a
- * thread, spilled past L1: 2 ms a block) */
+ * the thread-a-block kernel's arrays scale with it (7.8 KB a thread at
+ * 96; at 32 a block still takes ~2 ms: the serial rule, not its arrays'
+ * place, is the cost) */
 #define GPU_SCHED_SLOTS 32
 static inline GPU_HD uint32_t gpu_sched_bank(const uint8_t *kp, uint32_t kps, const uint8_t *vp,
 					     uint32_t vps, uint32_t ld, uint32_t lane, uint32_t i)

@@ -947,7 +947,17 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 	 * every view of them, kept or written now, says so (all columns are
 	 * uploaded again). */
 	if (!small && __atomic_load_n(&g->nsched, __ATOMIC_RELAXED)) {
-		if ((rc = unorder_layer(s, g, layer, X)))
+		rc = unorder_layer(s, g, layer, X);
+		/* What it queued rewrites rows in place: a later attend on
+		 * another stream must wait for it even if this one fails
+		 * before its own event (chain()) */
+		if (cudaEventRecord(g->ev_last, X) == cudaSuccess) {
+			g->have_last = 1;
+			g->last = X;
+		} else {
+			(void)cudaGetLastError();
+		}
+		if (rc)
 			goto fail;
 		for (uint32_t h = 0; h < H; h++) {
 			struct gpu_seg *sv = (struct gpu_seg *)(D->stage + off_segs + h * vrow);
