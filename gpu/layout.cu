@@ -82,6 +82,39 @@ int gpu_seg_positions(const uint32_t *bm, uint32_t bw, uint32_t dk, uint32_t r, 
 	return gpu_errno(cudaGetLastError());
 }
 
+/* Row @row of the K (@kv 0) or V half put in the order @ord (its S
+ * slots' indices): read whole before it is written, so that the output
+ * may be the input; the bytes past the slots as they were. */
+__device__ void sched_permute_row(const uint16_t *kv_in, const uint16_t *vv_in,
+				  const uint8_t *kp_in, const uint8_t *vp_in, uint16_t *kv_out,
+				  uint16_t *vv_out, uint8_t *kp_out, uint8_t *vp_out, uint32_t krs,
+				  uint32_t vrs, uint32_t kps, uint32_t vps, uint32_t sk, uint32_t sv,
+				  size_t row, uint32_t kv, const uint8_t *ord)
+{
+	const uint32_t S = kv ? sv : sk;
+	const uint16_t *vi = (kv ? vv_in + row * vrs : kv_in + row * krs);
+	const uint8_t *pi = (kv ? vp_in + row * vps : kp_in + row * kps);
+	uint16_t *vo = (kv ? vv_out + row * vrs : kv_out + row * krs);
+	uint8_t *po = (kv ? vp_out + row * vps : kp_out + row * kps);
+	uint16_t val[GPU_SCHED_SLOTS];
+	uint8_t pos[GPU_SCHED_SLOTS];
+	for (uint32_t i = 0; i < S; i++) {
+		val[i] = vi[i];
+		pos[i] = pi[i];
+	}
+	for (uint32_t j = 0; j < S; j++) {
+		uint32_t i = ord[j];
+		vo[j] = val[i];
+		po[j] = pos[i];
+	}
+	if (vo != vi)
+		for (uint32_t i = S; i < (kv ? vrs : krs); i++)
+			vo[i] = vi[i];
+	if (po != pi)
+		for (uint32_t i = S; i < (kv ? vps : kps); i++)
+			po[i] = pi[i];
+}
+
 /* One thread a 16-token block: its schedule (gpu_sched_block), then each
  * row read whole before it is written back permuted, so that the arrays
  * may be the ones they replace. */
@@ -98,33 +131,11 @@ __global__ void k_seg_schedule(const uint16_t *kv_in, const uint16_t *vv_in,
 	uint8_t ord[32 * GPU_SCHED_SLOTS];
 	gpu_sched_block(kp_in + (size_t)t0 * kps, kps, vp_in + (size_t)t0 * vps, vps, nt, sk, sv,
 			ld, ord);
-	for (uint32_t l = 0; l < 32; l++) {
-		uint32_t t = l & 15u, kv = l >> 4, S = kv ? sv : sk;
-		if (t >= nt)
-			continue;
-		size_t row = (size_t)t0 + t;
-		const uint16_t *vi = (kv ? vv_in + row * vrs : kv_in + row * krs);
-		const uint8_t *pi = (kv ? vp_in + row * vps : kp_in + row * kps);
-		uint16_t *vo = (kv ? vv_out + row * vrs : kv_out + row * krs);
-		uint8_t *po = (kv ? vp_out + row * vps : kp_out + row * kps);
-		uint16_t val[GPU_SCHED_SLOTS];
-		uint8_t pos[GPU_SCHED_SLOTS];
-		for (uint32_t i = 0; i < S; i++) {
-			val[i] = vi[i];
-			pos[i] = pi[i];
-		}
-		for (uint32_t j = 0; j < S; j++) {
-			uint32_t i = ord[l * GPU_SCHED_SLOTS + j];
-			vo[j] = val[i];
-			po[j] = pos[i];
-		}
-		if (vo != vi) /* the bytes past the slots, as they were */
-			for (uint32_t i = S; i < (kv ? vrs : krs); i++)
-				vo[i] = vi[i];
-		if (po != pi)
-			for (uint32_t i = S; i < (kv ? vps : kps); i++)
-				po[i] = pi[i];
-	}
+	for (uint32_t l = 0; l < 32; l++)
+		if ((l & 15u) < nt)
+			sched_permute_row(kv_in, vv_in, kp_in, vp_in, kv_out, vv_out, kp_out, vp_out,
+					  krs, vrs, kps, vps, sk, sv, (size_t)t0 + (l & 15u), l >> 4,
+					  ord + l * GPU_SCHED_SLOTS);
 }
 
 /*
@@ -261,31 +272,9 @@ __global__ void __launch_bounds__(32 * SCHED_WARPS)
 		}
 		__syncwarp();
 	}
-	if (t >= nt)
-		return;
-	const uint32_t kv = lane >> 4, S = kv ? sv : sk;
-	const size_t row = (size_t)t0 + t;
-	const uint16_t *vi = (kv ? vv_in + row * vrs : kv_in + row * krs);
-	const uint8_t *pi = (kv ? vp_in + row * vps : kp_in + row * kps);
-	uint16_t *vo = (kv ? vv_out + row * vrs : kv_out + row * krs);
-	uint8_t *po = (kv ? vp_out + row * vps : kp_out + row * kps);
-	uint16_t val[GPU_SCHED_SLOTS];
-	uint8_t pos[GPU_SCHED_SLOTS];
-	for (uint32_t i = 0; i < S; i++) {
-		val[i] = vi[i];
-		pos[i] = pi[i];
-	}
-	for (uint32_t j = 0; j < S; j++) {
-		uint32_t i = w.ord[lane][j];
-		vo[j] = val[i];
-		po[j] = pos[i];
-	}
-	if (vo != vi) /* the bytes past the slots, as they were */
-		for (uint32_t i = S; i < (kv ? vrs : krs); i++)
-			vo[i] = vi[i];
-	if (po != pi)
-		for (uint32_t i = S; i < (kv ? vps : kps); i++)
-			po[i] = pi[i];
+	if (t < nt)
+		sched_permute_row(kv_in, vv_in, kp_in, vp_in, kv_out, vv_out, kp_out, vp_out, krs,
+				  vrs, kps, vps, sk, sv, (size_t)t0 + t, lane >> 4, w.ord[lane]);
 }
 
 /* [a, a + na) and [b, b + nb) share a byte but do not start together */
