@@ -929,7 +929,6 @@ static const struct {
 	{"SCORE_3STAGE", GPU_ATTN_SCORE_3STAGE},
 	{"SCORE_SPREAD", GPU_ATTN_SCORE_SPREAD},
 	{"SELECT_ORDER", GPU_ATTN_SELECT_ORDER},
-	{"L2_AHEAD", GPU_ATTN_L2_AHEAD},
 };
 
 /* The flag set in @p up to ',' or the end into *@out; returns the end, or

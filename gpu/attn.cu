@@ -4557,38 +4557,6 @@ __device__ __forceinline__ void st_fill_pos(const struct gpu_seg &sg, uint32_t t
 
 
 /*
- * The first 16 tokens of the block at token @t0 of @sg into L2, a 128-byte
- * line a lane (GPU_ATTN_L2_AHEAD): K rows, V rows, then the K and V
- * positions (POS) or bitmaps, eight lanes an array, so that the fill a
- * sub-block later meets L2, not DRAM.  Why: with one stage a warp the
- * kernel's first stall is global-load latency (long scoreboard, ncu,
- * fiftieth session) at 29 % occupancy; a prefetch holds no shared memory.
- */
-template <bool POS>
-__device__ __forceinline__ void st_prefetch(const struct gpu_seg &sg, uint32_t t0, int lane)
-{
-	const uint32_t a = (uint32_t)lane >> 3, nt = min(16u, sg.n - t0);
-	const char *p;
-	uint32_t nb;
-	if (a == 0) {
-		p = (const char *)(sg.k_val + (size_t)t0 * sg.k_rs), nb = nt * sg.k_rs * 2;
-	} else if (a == 1) {
-		p = (const char *)(sg.v_val + (size_t)t0 * sg.v_rs), nb = nt * sg.v_rs * 2;
-	} else if (POS) {
-		const uint32_t pb = GPU_POS_STRIDE(a == 2 ? sg.k_r : sg.v_r);
-		p = (const char *)((a == 2 ? sg.k_pos : sg.v_pos) + (size_t)t0 * pb), nb = nt * pb;
-	} else {
-		const uint32_t bw = a == 2 ? sg.k_bw : sg.v_bw;
-		p = (const char *)((a == 2 ? sg.k_bm : sg.v_bm) + (size_t)t0 * bw), nb = nt * bw * 4;
-	}
-	/* lines from the array's first line, not its first byte: an
-	 * unaligned start may straddle one more line */
-	const uintptr_t b0 = (uintptr_t)p & ~(uintptr_t)127, e = (uintptr_t)p + nb;
-	for (uintptr_t o = b0 + 128u * (lane & 7); o < e; o += 1024u)
-		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)o));
-}
-
-/*
  * Quantized rows: the r values st_compact left at the start of tile row
  * @row, expanded in place to channels [0, 8 NG) by the bitmap @bm (no
  * bits at or above d_keep), every group of 8 channels from its own start
@@ -4930,7 +4898,7 @@ template <int NQ, int D, bool BF, int KC = D / 16, int RB = ST_ROWB, bool POS = 
 static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const uint32_t *list,
 					      uint32_t base_blk, uint32_t cnt, const float *qr,
 					      float scale2, float *po, float *pml,
-					      struct seg_note J, bool l2a)
+					      struct seg_note J)
 {
 	constexpr int NU = ststate<NQ, D, KC>::NU, P = NQP(NQ);
 	extern __shared__ __align__(16) unsigned char smraw[];
@@ -5034,10 +5002,6 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 					st_fill_pos(sg, nt0, min(16u, nt1 - nt0), W.s[to], lane, al16);
 				else
 					st_fill(sg, nt0, min(16u, nt1 - nt0), W.s[to], lane, al16);
-				/* the block after it (@nxt), when this fill is
-				 * its block's first sub-block */
-				if (l2a && ni != i && ni + 4 < cnt)
-					st_prefetch<POS>(sg, nxt, lane);
 			}
 		};
 		if constexpr (ONE) {
@@ -5237,22 +5201,21 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 			asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)sg.v_rot + o));
 	const float *qr = WSP(float, L, qr, ws, hi) + (size_t)si * QR_ROWS * P;
 	const bool pos = sg.k_vb == 0 && sg.v_vb == 0 && sg.k_pos && sg.v_pos;
-	const bool l2a = (flags & GPU_ATTN_L2_AHEAD) != 0;
 	if constexpr (SMALL) {
 		if (!st_small_ok(sg, D) || (sg.sched && !(st_g1(sg) && pos))) {
 			nan_partial<NQ, D>(po, pml);
 		} else if (st_g2(sg)) {
 			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB, false, 2>(
-				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J, l2a);
+				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
 		} else if (pos) {
 			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB, true>(
-				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J, l2a);
+				sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
 		} else if (sg.k_vb == 0 && sg.v_vb == 0) {
 			tc_cta_st<NQ, D, true, 3 * D / 64, ST_SMALL_ROWB>(sgp, list, list ? 0 : b0, cnt,
-									  qr, scale2, po, pml, J, l2a);
+									  qr, scale2, po, pml, J);
 		} else {
 			tc_cta_st<NQ, D, false, 3 * D / 64, ST_SMALL_ROWB>(sgp, list, list ? 0 : b0,
-									   cnt, qr, scale2, po, pml, J, l2a);
+									   cnt, qr, scale2, po, pml, J);
 		}
 		return;
 	}
@@ -5265,14 +5228,14 @@ __global__ void __launch_bounds__(128, SMALL ? ST_SMALL_CTAS : 3)
 		 * 6 of 8 steps at d 128, no test per expansion group */
 		if (st_g2(sg))
 			tc_cta_st<NQ, D, true, D / 16, ST_ROWB, false, 2>(sgp, list, list ? 0 : b0, cnt,
-									  qr, scale2, po, pml, J, l2a);
+									  qr, scale2, po, pml, J);
 		else if (sg.k_vb == 0 && sg.v_vb == 0 && sg.k_dk <= 3 * D / 4 && sg.v_dk <= 3 * D / 4)
 			tc_cta_st<NQ, D, true, 3 * D / 64>(sgp, list, list ? 0 : b0, cnt, qr, scale2,
-							   po, pml, J, l2a);
+							   po, pml, J);
 		else if (sg.k_vb == 0 && sg.v_vb == 0)
-			tc_cta_st<NQ, D, true>(sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J, l2a);
+			tc_cta_st<NQ, D, true>(sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
 		else
-			tc_cta_st<NQ, D, false>(sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J, l2a);
+			tc_cta_st<NQ, D, false>(sgp, list, list ? 0 : b0, cnt, qr, scale2, po, pml, J);
 		return;
 	}
 	for (uint32_t i = threadIdx.x; i < sg.k_dk * P; i += blockDim.x)

@@ -466,12 +466,7 @@ GPU_HIDDEN int gpu_seg_small_rows(const struct gpu_seg *sg, uint32_t d);
  * or more (and at 128K-256K batch 1 from `66d1424`); two stages spread
  * (GPU_ATTN_SCORE_SPREAD) replaced it.  Kept to compare. */
 #define GPU_ATTN_SCORE_3STAGE 134217728u
-/* PackedAttention's staged path prefetches into L2 the block after the
- * one each warp's fill loads (st_prefetch), so that its fill meets L2:
- * more bytes in flight with no more shared memory.  Off by default until
- * its pair says (docs/PERF.md, fifty-first session). */
-#define GPU_ATTN_L2_AHEAD 2097152u
-/* Free bits: 1 << 22, 1 << 25, 1 << 28, 1 << 29 and 1 << 31.
+/* Free bits: 1 << 21, 1 << 22, 1 << 25, 1 << 28, 1 << 29 and 1 << 31.
  * The forty-seventh session retired three flags whose pairs had settled them,
  * each the version before a change kept since: GPU_ATTN_CLEAR_MEMSET (the
  * step's clear as a memset node, before k_qrot cleared it), _SCORE_LATE

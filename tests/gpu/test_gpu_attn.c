@@ -1246,32 +1246,6 @@ Test(gpu, packed_small_sched_mixed_d64)
 	g_sched = 0x5u; /* segments 0 and 2 */
 	check_packed_rq(64, 3, 1, 1, 16, 0.2, 30, 16, 0);
 }
-/* The staged path with the block after each fill prefetched into L2
- * (GPU_ATTN_L2_AHEAD) against mkv_attend_packed: bitmaps in the small
- * layout and the general one, positions, positions in store order. */
-Test(gpu, packed_l2_ahead_small)
-{
-	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_L2_AHEAD | GPU_ATTN_CHUNK_64;
-	check_packed(128, 4, 1, 1, 16, 0.1, 37);
-}
-Test(gpu, packed_l2_ahead_general)
-{
-	g_flags = GPU_ATTN_L2_AHEAD;
-	check_packed(128, 4, 1, 1, 16, 0.3, 20);
-}
-Test(gpu, packed_l2_ahead_positions)
-{
-	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_L2_AHEAD;
-	g_pos = ~0u;
-	check_packed_rq(128, 2, 1, 1, 16, 0.2, 5, 20, 0);
-}
-Test(gpu, packed_l2_ahead_sched)
-{
-	g_flags = GPU_ATTN_SMALL_ROWS | GPU_ATTN_L2_AHEAD | GPU_ATTN_CHUNK_64;
-	g_pos = ~0u;
-	g_sched = 0x5u; /* segments 0 and 2 */
-	check_packed_rq(64, 3, 1, 1, 16, 0.2, 30, 16, 0);
-}
 Test(gpu, packed_sched_same_bits, .timeout = 120)
 {
 	GU_NEED_GPU();
