@@ -262,6 +262,10 @@ __global__ void __launch_bounds__(32 * SCHED_WARPS)
 				pb = bb;
 			}
 		}
+		/* the loop's reads of other lanes' first[] before the writes
+		 * below: the collectives converge the warp but do not order
+		 * its shared-memory accesses (racecheck, fifty-first session) */
+		__syncwarp();
 		if (pick >= 0) {
 			uint32_t i = (uint32_t)pick;
 			w.ord[lane][step] = (uint8_t)i;
