@@ -368,11 +368,12 @@ static struct dseg *dseg_make(struct seqgpu *g, const struct mkv_segment *k,
 		 * layout gets its pairs in store order, in place: the same
 		 * output with fewer shared-memory wavefronts (gpu/NOTES.md,
 		 * forty-ninth session).  An attend that cannot run that layout
-		 * puts it back first (unorder_layer). */
+		 * puts it back first (unorder_layer).  A warp a block: the
+		 * thread-a-block kernel took ~2 ms a segment at upload. */
 		if (final && x->g.n && gpu_seg_schedulable(&x->g, g->d)) {
 			struct gpu_seg o;
-			if ((rc = gpu_seg_schedule(&x->g, g->d, (uint16_t *)x->g.k_val,
-						   (uint16_t *)x->g.v_val, kp, vp, &o, st)))
+			if ((rc = gpu_seg_schedule_warp(&x->g, g->d, (uint16_t *)x->g.k_val,
+							(uint16_t *)x->g.v_val, kp, vp, &o, st)))
 				goto fail;
 			x->g = o;
 		}
