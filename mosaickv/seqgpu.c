@@ -730,6 +730,19 @@ static int unorder_layer(struct mkv_seq *s, struct seqgpu *g, uint32_t layer, cu
 	return 0;
 }
 
+/* What is queued on @X so far is the last work on the copies: an attend
+ * on another stream waits for it (chain()).  A failed record leaves the
+ * previous mark. */
+static void mark_last(struct seqgpu *g, cudaStream_t X)
+{
+	if (cudaEventRecord(g->ev_last, X) == cudaSuccess) {
+		g->have_last = 1;
+		g->last = X;
+	} else {
+		(void)cudaGetLastError();
+	}
+}
+
 static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 			  const float *q, float *out, cudaStream_t X)
 {
@@ -951,13 +964,8 @@ static int attend_enqueue(struct mkv_seq *s, struct seqgpu *g, uint32_t layer,
 		rc = unorder_layer(s, g, layer, X);
 		/* What it queued rewrites rows in place: a later attend on
 		 * another stream must wait for it even if this one fails
-		 * before its own event (chain()) */
-		if (cudaEventRecord(g->ev_last, X) == cudaSuccess) {
-			g->have_last = 1;
-			g->last = X;
-		} else {
-			(void)cudaGetLastError();
-		}
+		 * before its own event */
+		mark_last(g, X);
 		if (rc)
 			goto fail;
 		for (uint32_t h = 0; h < H; h++) {
@@ -1104,12 +1112,7 @@ fail:
 			D->ev_rec = 1;
 		else
 			(void)cudaGetLastError();
-		if (cudaEventRecord(g->ev_last, X) == cudaSuccess) {
-			g->have_last = 1;
-			g->last = X;
-		} else {
-			(void)cudaGetLastError();
-		}
+		mark_last(g, X);
 	}
 	free(ix);
 	return rc;
