@@ -4355,6 +4355,7 @@ struct st_smem {
 		float qs[GPU_MAX_D * 8];
 	};
 	uint2 qb[NU][KC][32]; /* Q'ᵀ B fragments, [4 heads][k-step][lane] */
+	struct gpu_seg seg; /* the CTA's segment (tc_cta_st) */
 };
 
 /* The bitmaps' group sizes the staged path expands: g = 1 on both halves,
@@ -4905,7 +4906,14 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	st_smem<NU, KC, RB> &sm = *(st_smem<NU, KC, RB> *)smraw;
 	constexpr int LDT = st_warp<KC, RB>::LD;
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-	const struct gpu_seg sg = *sgp;
+	/* the descriptor in shared memory, read where used: a copy in
+	 * registers was 184 bytes of every thread's stack, reloaded in the
+	 * loop */
+	static_assert(sizeof(struct gpu_seg) % 8 == 0, "descriptor copied in 8-byte words");
+	if (threadIdx.x < sizeof(struct gpu_seg) / 8)
+		((uint64_t *)&sm.seg)[threadIdx.x] = ((const uint64_t *)sgp)[threadIdx.x];
+	__syncthreads();
+	const struct gpu_seg &sg = sm.seg;
 	static_assert(!POS || (BF && RB == ST_SMALL_ROWB), "positions: bf16 rows, small layout");
 	static_assert(G == 1 || (G == 2 && BF && !POS), "g = 2: bf16 rows by their bitmaps");
 	const bool al16 = (((uintptr_t)sg.k_val | (uintptr_t)sg.v_val |
