@@ -583,6 +583,11 @@ static void make_heads(const struct slabs *s, uint32_t H, uint32_t L, struct gpu
 {
 	const int q6 = mode == 1;
 	uint32_t nseg = L / s->seglen;
+	/* the descriptors are rewritten below by copies on the legacy stream,
+	 * which do not wait for the bench's non-blocking stream: a step still
+	 * in flight there (--once enqueues steps back to back) would read them
+	 * half rewritten */
+	CK(cudaDeviceSynchronize());
 	struct gpu_seg *segs = calloc((size_t)H * nseg, sizeof *segs);
 	struct gpu_head *hh = calloc(H, sizeof *hh);
 	struct gpu_dense_head *dh = calloc(H, sizeof *dh);
