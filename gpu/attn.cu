@@ -4977,9 +4977,6 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 	for (uint32_t i = lane; i < 2 * 16 * LDT / 8; i += 32)
 		((uint4 *)W.k)[i] = make_uint4(0, 0, 0, 0);
 	ststate<NQ, D, KC> st;
-	struct pos_lane pl = {0u, 0u, 0u, 0u, 0u};
-	if constexpr (POS)
-		pl = pos_lane_of(sg, lane);
 #pragma unroll
 	for (int u = 0; u < NU; u++) {
 #pragma unroll
@@ -5020,6 +5017,11 @@ static __device__ __noinline__ void tc_cta_st(const struct gpu_seg *sgp, const u
 		} else {
 			asm volatile("cp.async.wait_group 0;" ::: "memory");
 		}
+		/* a lane's places, from the descriptor (shared) each sub-block:
+		 * kept across the loop they were spilled and reloaded */
+		struct pos_lane pl = {0u, 0u, 0u, 0u, 0u};
+		if constexpr (POS)
+			pl = pos_lane_of(sg, lane);
 		__syncwarp();
 		st_sub<NQ, D, BF, KC, RB, POS, G>(sg, (int)min(16u, t1 - t), al16, W.s[cur], W,
 						  sm.qb, st, pl, [&] { refill(0); });
