@@ -16,6 +16,8 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 B=/tmp/b
+# the GPU test binaries this script builds (or takes from PREBUILT) and runs
+TESTS="test_gpu_attn test_gpu_pack test_gpu_seq"
 . .devdeps/env.sh
 # the GPU machine has no libxxhash and ../shared/device/pack-deps packs
 # it only when asked (a first call lost 89 s at meson setup so)
@@ -29,13 +31,14 @@ if [ -n "${PREBUILT:-}" ]; then
   # .devdeps), laid out as a build tree so that the rest runs unchanged:
   # saves the ~100 s build when little device time is left
   mkdir -p $B/tests/gpu $B/bench
-  for t in test_gpu_attn test_gpu_pack test_gpu_seq; do
+  for t in $TESTS; do
     [ -x "$PREBUILT/$t" ] && cp "$PREBUILT/$t" $B/tests/gpu/
   done
   cp "$PREBUILT/attn" $B/bench/ || exit 1
 else
   meson setup $B -Dcuda=enabled -Dtests=true > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
-  ninja -C $B tests/gpu/test_gpu_attn tests/gpu/test_gpu_pack tests/gpu/test_gpu_seq bench/attn > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+  # shellcheck disable=SC2046 # one target a test, split on purpose
+  ninja -C $B $(printf "tests/gpu/%s " $TESTS) bench/attn > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
 fi
 if [ -n "${PAIRS:-}" ]; then
   echo "== pairs"
@@ -54,14 +57,14 @@ fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== tests"
   if [ -n "${PREBUILT:-}" ]; then
-    for t in test_gpu_attn test_gpu_pack test_gpu_seq; do
+    for t in $TESTS; do
       [ -x $B/tests/gpu/$t ] || continue
       (CRITERION_NO_EARLY_EXIT=1 OPENBLAS_NUM_THREADS=1 timeout 200 $B/tests/gpu/$t > "$OUT/test_$t.log" 2>&1; echo "$t rc=$?" >> "$OUT/test_$t.log") &
     done
     wait
     cat "$OUT"/test_test_gpu_*.log > "$OUT/test.log"
   else
-    timeout 200 meson test -C $B --no-rebuild --print-errorlogs test_gpu_attn test_gpu_pack test_gpu_seq > "$OUT/test.log" 2>&1
+    timeout 200 meson test -C $B --no-rebuild --print-errorlogs $TESTS > "$OUT/test.log" 2>&1
     # the tests' counts (criterion's summaries are in meson's log only)
     grep -h "Synthesis" $B/meson-logs/testlog.txt >> "$OUT/test.log" 2>/dev/null
   fi
